@@ -1,0 +1,189 @@
+"""Argument binding: split a call's arguments into per-sample columns and shared values.
+
+A *per-sample column* holds one entry per local sample: a list, a tuple, a numpy array or a tensor
+whose first dimension is the local batch size. Everything else -- TRL's ``trainer_state``,
+``log_extra`` and ``log_metric``, scalars, strings, dicts, callables -- is *shared* and passed through
+as it is (in ``mode="main"`` the scoring rank's own shared values are used).
+
+Which per-sample columns travel:
+
+* parameters the function names (``def f(completions, solution, **kwargs)``) always travel; one holding
+  objects the wire cannot carry is an error (unless ``allow_pickle=True``);
+* columns that only reach ``**kwargs`` (TRL passes every dataset column) travel when they hold plain data;
+  ones holding other objects -- a VLM dataset's PIL ``image`` column, TRL's ``environments`` -- are
+  left behind and the function receives a :class:`NotSynced` placeholder that raises a clear error
+  when used, so it can never silently see a local-only column next to a global batch;
+* ``include=[...]`` limits the ``**kwargs`` columns to the ones named, ``exclude=[...]`` leaves columns
+  behind, ``shared=[...]`` marks sequence arguments that are not per-sample (e.g. a list of weights).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._codec import Column, container_of
+from ._errors import ColumnNotSyncedError, InputError
+
+__all__ = ["TRL_SHARED", "Binder", "Bound", "NotSynced"]
+
+#: Arguments TRL's GRPOTrainer passes that are shared by the whole batch.
+TRL_SHARED = frozenset({"trainer_state", "log_extra", "log_metric"})
+
+
+class NotSynced:
+    """Stands in for a per-sample column that was not exchanged between ranks.
+
+    Any use -- ``len()``, iteration, indexing, truth value -- raises :class:`ColumnNotSyncedError` naming
+    the column and how to include it. ``repr()`` is safe, so logging ``kwargs`` does not fail.
+    """
+
+    __slots__ = ("_name", "_reason")
+
+    def __init__(self, name: str, reason: str) -> None:
+        self._name = name
+        self._reason = reason
+
+    def _fail(self, *_: object, **__: object) -> Any:
+        raise ColumnNotSyncedError(
+            f"column {self._name!r} was not exchanged between ranks ({self._reason}), so the synced function "
+            f"cannot use it. HINT: name it as a parameter of the function or pass include=[{self._name!r}] "
+            f"(and allow_pickle=True if it holds objects other than plain data)."
+        )
+
+    __len__ = __iter__ = __getitem__ = __bool__ = __contains__ = _fail
+    __array__ = _fail
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._fail()
+
+    def __repr__(self) -> str:
+        return f"<NotSynced column {self._name!r}: {self._reason}>"
+
+
+@dataclass
+class Bound:
+    """One call's arguments, split into per-sample columns and everything else."""
+
+    arguments: inspect.BoundArguments
+    columns: list[Column]
+    """Per-sample columns to exchange, sorted by name."""
+    droppable: frozenset[str]
+    """Columns that are left behind (not an error) if they hold non-plain data."""
+    excluded: dict[str, str] = field(default_factory=dict)
+    """Per-sample columns that do not travel, with the reason."""
+    n: int = 0
+    """Local batch size."""
+
+    def call_args(self, values: dict[str, Any], dropped: Collection[str] = ()) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Positional and keyword arguments for calling the function with ``values`` as its columns."""
+        reasons = dict(self.excluded)
+        for name in dropped:
+            reasons[name] = "it holds objects other than plain data on at least one rank"
+        ba = inspect.BoundArguments(self.arguments.signature, dict(self.arguments.arguments))
+        for pname, value in ba.arguments.items():
+            kind = ba.signature.parameters[pname].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                ba.arguments[pname] = {k: _pick(k, v, values, reasons) for k, v in value.items()}
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                ba.arguments[pname] = tuple(_pick(f"*{pname}[{i}]", v, values, reasons) for i, v in enumerate(value))
+            else:
+                ba.arguments[pname] = _pick(pname, value, values, reasons)
+        return ba.args, ba.kwargs
+
+
+def _pick(name: str, original: Any, values: dict[str, Any], reasons: dict[str, str]) -> Any:
+    if name in values:
+        return values[name]
+    if name in reasons:
+        return NotSynced(name, reasons[name])
+    return original
+
+
+class Binder:
+    """Splits the arguments of calls to one function; built once per decorated function."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        include: Collection[str] | None,
+        exclude: Collection[str],
+        shared: Collection[str],
+    ) -> None:
+        self.signature = inspect.signature(fn)
+        self.include = None if include is None else frozenset(include)
+        self.exclude = frozenset(exclude)
+        self.shared = frozenset(shared) | (TRL_SHARED - (self.include or frozenset()))
+        clash = self.shared & (self.include or frozenset()) | (self.exclude & frozenset(shared))
+        if clash:
+            raise ValueError(f"columns {sorted(clash)} are both shared and included/excluded; pick one")
+
+    def _slots(self, ba: inspect.BoundArguments) -> Iterator[tuple[str, Any, bool]]:
+        """Yield ``(name, value, named_by_function)`` for every argument of the call."""
+        for pname, value in ba.arguments.items():
+            kind = self.signature.parameters[pname].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                for k, v in value.items():
+                    yield k, v, False
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                for i, v in enumerate(value):
+                    yield f"*{pname}[{i}]", v, True
+            else:
+                yield pname, value, True
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
+        """Bind a call's arguments and classify them.
+
+        Raises:
+            TypeError: the arguments do not fit the function's signature.
+            InputError: per-sample columns of different lengths, or an ``include``d column that is not one.
+        """
+        ba = self.signature.bind(*args, **kwargs)
+        columns: list[Column] = []
+        droppable: set[str] = set()
+        excluded: dict[str, str] = {}
+        lengths: dict[str, int] = {}
+        for name, value, named in self._slots(ba):
+            if name in self.shared:
+                continue
+            container = container_of(value)
+            if container is None:
+                if self.include is not None and name in self.include:
+                    raise InputError(
+                        f"include names {name!r}, but its value is a {type(value).__name__}, not a per-sample "
+                        "column (a list, tuple, numpy array or tensor with one entry per sample)."
+                    )
+                continue
+            lengths[name] = len(value)
+            if name in self.exclude:
+                excluded[name] = "it is in exclude"
+                continue
+            if not named and self.include is not None and name not in self.include:
+                excluded[name] = "it is not in include"
+                continue
+            if not named and self.include is None:
+                droppable.add(name)
+            columns.append(Column(name, container, value))
+        missing = (self.include or frozenset()) - {name for name, _, _ in self._slots(ba)}
+        if missing:
+            raise InputError(f"include names {sorted(missing)}, but the call has no such argument")
+        if not lengths:
+            raise InputError(
+                "the synced function was called without any per-sample argument (a list, tuple, numpy array or "
+                "tensor with one entry per sample), so there is no batch to gather. HINT: pass the batch as "
+                "lists, e.g. f(completions=[...], ...)."
+            )
+        if len(set(lengths.values())) > 1:
+            listing = ", ".join(f"{k}={v}" for k, v in lengths.items())
+            raise InputError(
+                f"per-sample arguments have different lengths on this rank: {listing}. Every per-sample column "
+                "needs one entry per local sample. HINT: if an argument is shared by all samples rather than "
+                "per-sample, pass shared=[<name>] to synced_reward."
+            )
+        columns.sort(key=lambda c: c.name)
+        return Bound(ba, columns, frozenset(droppable), excluded, next(iter(lengths.values())))

@@ -1,0 +1,119 @@
+"""The exceptions syncreward raises.
+
+Every error is raised on *every* rank of the group, so that no rank is left waiting in a collective
+that the others have abandoned. The tree::
+
+    SyncRewardError                       base of everything below
+    ├── RemoteError                       the function (or its input) failed on another rank
+    ├── MismatchError                     ranks called different synced functions / schemas / order
+    ├── InputError (ValueError)           bad per-sample input: lengths disagree, unknown column, ...
+    │   └── ResultLengthError             the function returned the wrong number of results
+    ├── UnsupportedTypeError (TypeError)  a value the wire format cannot carry without pickle
+    ├── ColumnNotSyncedError (KeyError)   the function used a column that was not exchanged
+    ├── CodecError                        a payload that is not valid syncreward wire data
+    ├── BackendError (RuntimeError)       no usable backend / misconfigured distributed job
+    └── CommunicationError                the transport failed: a peer died or the group broke
+        ├── SyncTimeoutError (TimeoutError) a rank did not arrive within ``timeout``
+        └── GroupBrokenError              an earlier transport failure left the group unusable
+
+Messages end with a ``HINT:`` saying what to do next where there is something to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "BackendError",
+    "CodecError",
+    "ColumnNotSyncedError",
+    "CommunicationError",
+    "GroupBrokenError",
+    "InputError",
+    "MismatchError",
+    "RemoteError",
+    "ResultLengthError",
+    "SyncRewardError",
+    "SyncTimeoutError",
+    "UnsupportedTypeError",
+]
+
+
+class SyncRewardError(Exception):
+    """Base class of every error raised by syncreward."""
+
+
+class RemoteError(SyncRewardError):
+    """The synced function, or the preparation of its input, raised on another rank.
+
+    The rank where the exception happened re-raises the original exception; every other rank raises
+    this error, which names the origin rank, the exception type, its message and its traceback.
+
+    Attributes:
+        origin_rank: rank (within the synced group) where the exception was raised.
+        exc_type: qualified name of the original exception type.
+        exc_message: ``str()`` of the original exception.
+        remote_traceback: the formatted traceback from the origin rank.
+    """
+
+    def __init__(self, origin_rank: int, exc_type: str, exc_message: str, remote_traceback: str, *, function: str) -> None:
+        self.origin_rank = origin_rank
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.remote_traceback = remote_traceback
+        self.function = function
+        super().__init__(
+            f"synced function {function!r} failed on rank {origin_rank}: {exc_type}: {exc_message}\n"
+            f"--- traceback on rank {origin_rank} ---\n{remote_traceback.rstrip()}\n--- end of remote traceback ---"
+        )
+
+
+class MismatchError(SyncRewardError):
+    """Ranks made different synced calls at the same point (different function, columns, mode or order)."""
+
+
+class InputError(SyncRewardError, ValueError):
+    """Per-sample input that cannot be synced, e.g. columns whose lengths disagree."""
+
+
+class ResultLengthError(InputError):
+    """The function returned a result whose length is not the number of samples it was given."""
+
+
+class UnsupportedTypeError(SyncRewardError, TypeError):
+    """A value the wire format cannot carry without pickle (e.g. a PIL image or a custom class)."""
+
+
+class ColumnNotSyncedError(SyncRewardError, KeyError):
+    """The function used a per-sample column that was not exchanged (excluded, or not plain data)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CodecError(SyncRewardError):
+    """A buffer that is not valid syncreward wire data (truncated, corrupted or hostile)."""
+
+
+class BackendError(SyncRewardError, RuntimeError):
+    """No usable backend, or a distributed job configured in a way syncreward cannot work with."""
+
+
+class CommunicationError(SyncRewardError):
+    """The transport failed: a peer process died or the connection broke."""
+
+
+class SyncTimeoutError(CommunicationError, TimeoutError):
+    """Some ranks did not reach the exchange within ``timeout`` seconds.
+
+    Attributes:
+        missing_ranks: ranks that had not reached the exchange when the timeout expired (best effort).
+    """
+
+    def __init__(self, message: str, missing_ranks: Sequence[int] = ()) -> None:
+        self.missing_ranks = tuple(missing_ranks)
+        super().__init__(message)
+
+
+class GroupBrokenError(CommunicationError):
+    """An earlier transport failure (timeout, dead peer) left syncreward's process group unusable."""

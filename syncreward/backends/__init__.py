@@ -1,0 +1,103 @@
+"""Transports between ranks, behind the small :class:`Backend` protocol.
+
+``backend="auto"`` (the default) resolves *at call time*, in this order:
+
+1. an explicit backend object or name passed to ``synced_reward`` (``"local"``, ``"torch"``,
+   ``"accelerate"``);
+2. ``"accelerate"`` if accelerate's ``PartialState`` is initialised with more than one process;
+3. ``"torch"`` if ``torch.distributed`` is initialised;
+4. an error if the environment says this is one of several processes (``WORLD_SIZE`` > 1) but nothing
+   is initialised -- scoring each rank alone would silently give wrong rewards;
+5. ``"local"``: a single process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from .._errors import BackendError
+from ._protocol import Backend
+from .local import LocalBackend
+
+__all__ = ["Backend", "LocalBackend", "resolve_backend"]
+
+_LOCAL = LocalBackend()
+_cache: dict[tuple[str, int, int], Any] = {}
+_keepalive: dict[tuple[str, int, int], Any] = {}
+
+
+def _accelerate_active() -> bool:
+    mod = sys.modules.get("accelerate.state")
+    if mod is None:
+        return False
+    shared = getattr(mod.PartialState, "_shared_state", None)
+    return bool(shared) and int(shared.get("num_processes", 1) or 1) > 1
+
+
+def _torch_active() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def _world_key() -> int:
+    import torch.distributed as dist
+
+    return id(dist.group.WORLD)
+
+
+def _cached(kind: str, process_group: Any, make: Any) -> Any:
+    key = (kind, _world_key(), id(process_group))
+    backend = _cache.get(key)
+    if backend is None:
+        backend = _cache[key] = make()
+        _keepalive[key] = (process_group, __import__("torch.distributed").distributed.group.WORLD)
+    return backend
+
+
+def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
+    """Return the backend a synced call uses, following the documented order.
+
+    Raises:
+        BackendError: the job is distributed but no backend can be used, or an unknown name.
+        ImportError: the backend's optional dependency is missing (names the extra to install).
+    """
+    if not isinstance(spec, str):
+        if not isinstance(spec, Backend):
+            raise BackendError(f"backend={spec!r} is neither a backend name nor an object with the Backend protocol")
+        return spec
+    if spec == "auto":
+        if process_group is not None:
+            spec = "torch"
+        elif _accelerate_active():
+            spec = "accelerate"
+        elif _torch_active():
+            spec = "torch"
+        else:
+            ws = os.environ.get("WORLD_SIZE", "1")
+            if ws.isdigit() and int(ws) > 1:
+                raise BackendError(
+                    f"WORLD_SIZE={ws} says this is one of several processes, but torch.distributed is not "
+                    "initialised, so synced rewards cannot see the other ranks. HINT: call "
+                    "torch.distributed.init_process_group() (or create the Accelerator) before the first synced "
+                    "call, or pass backend='local' to score each process alone on purpose."
+                )
+            return _LOCAL
+    if spec == "local":
+        return _LOCAL
+    if spec == "torch":
+        from .torch_distributed import TorchDistributedBackend
+
+        if not _torch_active():
+            return TorchDistributedBackend(process_group)  # raises the explanatory BackendError
+        return _cached("torch", process_group, lambda: TorchDistributedBackend(process_group))  # type: ignore[no-any-return]
+    if spec == "accelerate":
+        from .accelerate import accelerate_backend
+
+        if process_group is not None:
+            raise BackendError("process_group= goes with backend='torch', not 'accelerate'")
+        if not _torch_active():
+            return accelerate_backend()  # type: ignore[return-value]
+        return _cached("accelerate", None, accelerate_backend)  # type: ignore[no-any-return]
+    raise BackendError(f"unknown backend {spec!r}; expected 'auto', 'local', 'torch', 'accelerate' or a Backend object")

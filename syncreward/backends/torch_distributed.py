@@ -1,0 +1,246 @@
+"""The torch.distributed backend: exchanges over a library-owned gloo group.
+
+Works in any initialised ``torch.distributed`` job, gloo or NCCL. syncreward never uses the job's own
+process group for its traffic: on first use it creates two gloo groups over the same ranks (one per
+channel), so
+
+* NCCL jobs need no ``torch.cuda.set_device`` dance and no CUDA tensors for object exchange;
+* a long reward on the scoring rank does not trip the NCCL watchdog of the other ranks;
+* the job's collectives and syncreward's cannot be interleaved into a deadlock.
+
+Waiting is done in short slices. Between slices the backend checks an *abort* key in the job's
+rendezvous store, which a rank sets as soon as its transport fails (a peer died), so every rank raises
+within a fraction of a second instead of waiting for the process-group timeout. When ``timeout``
+expires, the ranks that did arrive record so in the store, and the error names the ones that did not.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError
+
+__all__ = ["TorchDistributedBackend"]
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.2  # how often a waiting rank looks for an abort from a peer
+_GRACE_S = 2.0  # how long a timed-out rank waits for the others to report in, to name the missing ones
+_GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
+_WORK_TIMEOUT_MESSAGE = "Operation timed out!"  # c10d::Work::wait(timeout) when the slice expires
+
+try:  # not re-exported at torch.distributed on every version
+    from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions
+except ImportError:  # pragma: no cover - very old torch
+    _AllgatherOptions = None
+
+
+def _timedelta(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+class TorchDistributedBackend:
+    """Exchange over ``torch.distributed`` (any initialised process group, gloo or NCCL).
+
+    Args:
+        process_group: the data-parallel group whose ranks hold *different* samples. ``None`` means all
+            ranks. Under tensor/context parallelism, ranks that share the same samples must not be in
+            the same synced group (they would be counted twice): pass the data-parallel group.
+    """
+
+    name = "torch"
+
+    def __init__(self, process_group: Any = None) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise BackendError(
+                "backend='torch' needs an initialised torch.distributed process group. "
+                "HINT: call torch.distributed.init_process_group() first (torchrun does not do it for you)."
+            )
+        self._pg = process_group
+        self._rank = dist.get_rank(process_group)
+        if self._rank < 0:
+            raise BackendError("this rank is not a member of the process_group passed to synced_reward")
+        self._world_size = dist.get_world_size(process_group)
+        self._ranks: list[int] = (
+            list(range(dist.get_world_size())) if process_group is None else dist.get_process_group_ranks(process_group)
+        )
+        self._groups: list[Any] | None = None
+        self._store: Any = None
+        self._broken: str | None = None
+        self._ops = [0, 0]
+        self._init_lock = threading.Lock()
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    def __repr__(self) -> str:
+        return f"TorchDistributedBackend(rank={self._rank}, world_size={self._world_size}, ranks={self._ranks})"
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    def _channel(self, channel: int, timeout: float) -> Any:
+        if self._broken is not None:
+            raise GroupBrokenError(
+                f"syncreward's process group is unusable after an earlier failure ({self._broken}). "
+                "HINT: the job's ranks are no longer in step; restart the job (torchrun --max-restarts can do it)."
+            )
+        if self._groups is None:
+            with self._init_lock:
+                if self._groups is None:
+                    self._groups = self._create_groups(timeout)
+        return self._groups[channel]
+
+    def _create_groups(self, timeout: float) -> list[Any]:
+        t0 = time.perf_counter()
+        try:
+            groups = [
+                dist.new_group(
+                    ranks=self._ranks,
+                    backend="gloo",
+                    timeout=_timedelta(timeout + _GLOO_MARGIN_S),
+                    use_local_synchronization=True,
+                    group_desc=f"syncreward_channel{c}",
+                )
+                for c in (0, 1)
+            ]
+        except Exception as e:  # gloo rendezvous failed: a rank never arrived
+            self._broken = f"creating the gloo group failed: {e}"
+            raise SyncTimeoutError(
+                f"could not set up syncreward's gloo group over ranks {self._ranks} within {timeout:.0f}s: {e}. "
+                "HINT: every rank of the group must make the same synced calls."
+            ) from e
+        try:
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            name = groups[0].group_name
+            self._store = dist.PrefixStore(f"syncreward/{name}/", _get_default_store())
+        except Exception:  # pragma: no cover - private API moved; fall back to timeouts only
+            log.debug("no rendezvous store available; peer failures surface at the timeout", exc_info=True)
+            self._store = None
+        log.debug("created syncreward gloo groups over %s in %.3fs", self._ranks, time.perf_counter() - t0)
+        return groups
+
+    # ------------------------------------------------------------------------------------------ collectives
+
+    def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
+        group = self._channel(channel, timeout)
+        out = torch.empty((self._world_size, row.shape[0]), dtype=torch.int64)
+        outputs = list(out.unbind(0))
+        if _AllgatherOptions is not None:
+            opts = _AllgatherOptions()
+            opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
+            work = group.allgather([outputs], [torch.from_numpy(np.ascontiguousarray(row, dtype=np.int64))], opts)
+        else:  # pragma: no cover
+            work = group.allgather([outputs], [torch.from_numpy(np.ascontiguousarray(row, dtype=np.int64))])
+        self._wait(work, channel, timeout, "all_gather")
+        return out.numpy()
+
+    def all_to_all(
+        self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], *, channel: int, timeout: float
+    ) -> np.ndarray:
+        group = self._channel(channel, timeout)
+        out = torch.empty(int(sum(recv_counts)), dtype=torch.uint8)
+        opts = dist.AllToAllOptions()
+        opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
+        work = group.alltoall_base(
+            out, torch.from_numpy(send), [int(c) for c in recv_counts], [int(c) for c in send_counts], opts
+        )
+        self._wait(work, channel, timeout, "all_to_all")
+        return out.numpy()
+
+    # ------------------------------------------------------------------------------------------ waiting
+
+    def _wait(self, work: Any, channel: int, timeout: float, what: str) -> None:
+        self._ops[channel] += 1
+        start = time.monotonic()
+        deadline = start + timeout
+        slice_s = 0.02
+        while True:
+            try:
+                work.wait(_timedelta(max(min(slice_s, deadline - time.monotonic()), 0.001)))
+                return
+            except RuntimeError as e:
+                if _WORK_TIMEOUT_MESSAGE not in str(e):
+                    self._fail(what, e)
+            slice_s = _POLL_S
+            reason = self._peer_abort()
+            if reason is not None:
+                self._broken = f"rank {reason}"
+                raise CommunicationError(
+                    f"syncreward exchange aborted on rank {self._rank}: the transport failed on rank {reason}. "
+                    "HINT: a peer process probably died; see its log. The group is now unusable."
+                )
+            if time.monotonic() >= deadline:
+                self._timed_out(channel, timeout, what)
+
+    def _fail(self, what: str, e: BaseException) -> None:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        self._broken = f"{what} failed on rank {self._rank}: {message}"
+        if self._store is not None:
+            try:
+                self._store.set("abort", f"{self._rank} ({message})")
+            except Exception:  # the store lives in rank 0's process; it may be the one that died
+                pass
+        raise CommunicationError(
+            f"syncreward {what} failed on rank {self._rank}: {message}. HINT: a peer process probably died or "
+            "was killed (look for its traceback or an OOM kill); the group is now unusable."
+        ) from e
+
+    def _peer_abort(self) -> str | None:
+        if self._store is None:
+            return None
+        try:
+            if self._store.check(["abort"]):
+                return bytes(self._store.get("abort")).decode(errors="replace")
+        except Exception:  # store unreachable: rank 0 is gone
+            return "0 (the rendezvous store hosted by rank 0 is unreachable)"
+        return None
+
+    def _timed_out(self, channel: int, timeout: float, what: str) -> None:
+        op = self._ops[channel]
+        missing: list[int] = []
+        if self._store is not None:
+            try:
+                self._store.set(f"arrived/{channel}/{self._rank}", str(op))
+                end = time.monotonic() + _GRACE_S
+                while True:
+                    missing = [r for r in range(self._world_size) if not self._arrived(channel, r, op)]
+                    if not missing or time.monotonic() >= end:
+                        break
+                    time.sleep(0.05)
+            except Exception:
+                missing = []
+        self._broken = f"{what} timed out after {timeout:.1f}s on rank {self._rank}"
+        who = (
+            f"rank(s) {missing} did not reach it"
+            if missing
+            else "the other ranks did not complete it"
+        )
+        raise SyncTimeoutError(
+            f"syncreward {what} timed out after {timeout:.1f}s on rank {self._rank}: {who} (hung, still busy, "
+            "dead, or they skipped this synced call). HINT: raise timeout= if the scoring rank legitimately takes "
+            "longer; make every rank make the same synced calls. The group is now unusable.",
+            missing,
+        )
+
+    def _arrived(self, channel: int, rank: int, op: int) -> bool:
+        key = f"arrived/{channel}/{rank}"
+        if rank == self._rank:
+            return True
+        if not self._store.check([key]):
+            return False
+        return int(bytes(self._store.get(key)).decode()) >= op
