@@ -451,6 +451,8 @@ def _decode_ndarray(r: _Reader) -> np.ndarray:
 def _decode_tensor(r: _Reader) -> torch.Tensor:
     dtype, shape, nbytes = r.array_header(torch_dtype=True)
     raw = np.frombuffer(r.take(nbytes), dtype=np.uint8).copy()
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
     t = torch.from_numpy(raw)
     if dtype is torch.bool:
         return t.reshape(shape).to(torch.bool)

@@ -117,3 +117,10 @@ class SyncTimeoutError(CommunicationError, TimeoutError):
 
 class GroupBrokenError(CommunicationError):
     """An earlier transport failure (timeout, dead peer) left syncreward's process group unusable."""
+
+
+for _cls in (
+    SyncRewardError, RemoteError, MismatchError, InputError, ResultLengthError, UnsupportedTypeError,
+    ColumnNotSyncedError, CodecError, BackendError, CommunicationError, SyncTimeoutError, GroupBrokenError,
+):
+    _cls.__module__ = "syncreward"  # shown as syncreward.InputError in tracebacks and remote errors

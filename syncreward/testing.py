@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -101,7 +102,9 @@ def _child(
         if backend != "none":
             dist.init_process_group(backend, rank=rank, world_size=world_size)
         value = fn(rank, world_size, *args)
-        results.put((rank, "ok", value))
+        # plain pickle: torch's multiprocessing reductions would share tensors through file descriptors
+        # that die with this process before the parent reads them
+        results.put((rank, "ok", pickle.dumps(value)))
     except BaseException as e:
         text = "".join(traceback.format_exception(e))
         print(text, file=log)
@@ -211,4 +214,4 @@ def run_ranks(
             failures[r] = value if status == "error" else str(value)
     if failures:
         raise RanksFailed(f"{len(failures)} of {world_size} ranks failed", failures)
-    return [outcome[r][1] for r in range(world_size)]
+    return [pickle.loads(outcome[r][1]) for r in range(world_size)]

@@ -1,0 +1,369 @@
+"""Synced calls on real local gloo ranks, checked against the plain function on the concatenated batch."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import syncreward
+from syncreward import synced_reward
+from syncreward.testing import run_ranks
+
+pytestmark = pytest.mark.multiprocess
+
+# Local batch sizes per world size: uneven, with empty ranks (and an empty rank 0, the scoring rank).
+SIZES = {1: [3], 2: [3, 0], 3: [0, 4, 2], 4: [2, 0, 5, 1]}
+
+
+def local_batch(rank: int, world_size: int) -> dict[str, Any]:
+    n = SIZES[world_size][rank]
+    start = sum(SIZES[world_size][:rank])
+    ids = list(range(start, start + n))
+    return {
+        "completions": [f"answer {i} " + "é" * (i % 3) + "x" * i for i in ids],
+        "completion_ids": [[i, i + 1, i * 1000] for i in ids],
+        "solution": [str(i % 4) for i in ids],
+        "mixed": [None if i % 3 == 0 else {"k": (i, 2.5), "l": [1, "a"]} for i in ids],
+        "feats": torch.arange(3 * n, dtype=torch.float32).reshape(n, 3) + 3 * start,
+        "arr": np.arange(n, dtype=np.int16) + start,
+    }
+
+
+def concat_batches(world_size: int) -> dict[str, Any]:
+    parts = [local_batch(r, world_size) for r in range(world_size)]
+    out: dict[str, Any] = {}
+    for key, value in parts[0].items():
+        if isinstance(value, torch.Tensor):
+            out[key] = torch.cat([p[key] for p in parts])
+        elif isinstance(value, np.ndarray):
+            out[key] = np.concatenate([p[key] for p in parts])
+        else:
+            out[key] = [x for p in parts for x in p[key]]
+    return out
+
+
+# --------------------------------------------------------------------------------------------- oracles
+
+
+def batch_reward(completions, completion_ids, solution, mixed, feats, arr, **kwargs):
+    """Depends on the whole batch: each sample's score is relative to the batch."""
+    n = len(completions)
+    mean_len = sum(map(len, completions)) / max(n, 1)
+    out: list[float | None] = []
+    for i in range(n):
+        if mixed[i] is None and i % 2:
+            out.append(None)  # TRL allows None
+        else:
+            out.append(len(completions[i]) - mean_len + sum(completion_ids[i]) / 1000 + float(feats[i].sum()) + int(arr[i]) + n)
+    return out
+
+
+def dict_reward(completions, feats, **kwargs):
+    n = len(completions)
+    return {
+        "length": np.array([len(c) + n for c in completions], dtype=np.float64),
+        "feat": feats.sum(dim=1) * n,
+        "tag": tuple(f"{c[:8]}/{n}" for c in completions),
+    }
+
+
+async def async_reward(completions, solution, delay: float = 0.0, **kwargs):
+    await asyncio.sleep(delay)
+    n = len(completions)
+    return [float(len(c) * n + int(s)) for c, s in zip(completions, solution)]
+
+
+async def async_other(completions, delay: float = 0.0, **kwargs):
+    await asyncio.sleep(delay)
+    return torch.tensor([float(len(c)) for c in completions]) - len(completions)
+
+
+def group_reward(completions, **kwargs):
+    """Group-relative within groups of 3 consecutive samples, plus the batch size it saw."""
+    out = []
+    for g in range(0, len(completions), 3):
+        grp = completions[g : g + 3]
+        mean = sum(map(len, grp)) / len(grp)
+        out += [len(c) - mean for c in grp]
+    return out
+
+
+def key_group_reward(completions, prompt_id, **kwargs):
+    out = []
+    for i, c in enumerate(completions):
+        same = [len(completions[j]) for j in range(len(completions)) if prompt_id[j] == prompt_id[i]]
+        out.append(len(c) - sum(same) / len(same) + 100 * len(same))
+    return out
+
+
+def logging_reward(completions, log_extra, log_metric, **kwargs):
+    log_extra("len", [len(c) for c in completions])
+    log_metric("batch", float(len(completions)))
+    return [0.0] * len(completions)
+
+
+main_batch = synced_reward(batch_reward)
+replicate_batch = synced_reward(mode="replicate")(batch_reward)
+main_dict = synced_reward(dict_reward)
+replicate_dict = synced_reward(mode="replicate")(dict_reward)
+main_async = synced_reward(async_reward)
+replicate_async = synced_reward(mode="replicate")(async_reward)
+main_async_other = synced_reward(async_other)
+shard_by_size = synced_reward(mode="shard", group_size=3)(group_reward)
+shard_by_key = synced_reward(mode="shard", group_by="prompt_id")(key_group_reward)
+main_logging = synced_reward(logging_reward)
+replicate_logging = synced_reward(mode="replicate")(logging_reward)
+shard_logging = synced_reward(mode="shard", group_size=3)(logging_reward)
+
+
+def correctness_body(rank: int, world_size: int) -> dict[str, Any]:
+    b = local_batch(rank, world_size)
+    out: dict[str, Any] = {}
+    # positional and keyword, TRL-style extra kwargs that are shared
+    out["main"] = main_batch(
+        b["completions"], completion_ids=b["completion_ids"], solution=b["solution"], mixed=b["mixed"],
+        feats=b["feats"], arr=b["arr"], trainer_state={"step": 1}, log_extra=print,
+    )
+    out["replicate"] = replicate_batch(**b)
+    out["main_dict"] = main_dict(b["completions"], b["feats"])
+    out["replicate_dict"] = replicate_dict(completions=b["completions"], feats=b["feats"])
+
+    async def both() -> list[Any]:
+        # Two synced async rewards on one event loop, as TRL runs them; different delays per rank
+        # so their function bodies finish in different orders on different ranks.
+        d = 0.05 * ((rank + 1) % 2)
+        return list(await asyncio.gather(
+            main_async(b["completions"], b["solution"], delay=d),
+            main_async_other(completions=b["completions"], delay=0.05 - d),
+            replicate_async(b["completions"], b["solution"]),
+        ))
+
+    out["async"] = asyncio.run(both())
+    n = len(b["completions"])
+    start = sum(SIZES[world_size][:rank])
+    if sum(SIZES[world_size]) % 3 == 0:
+        out["shard_size"] = shard_by_size(b["completions"])
+    pids = [(start + i) // 2 for i in range(n)]
+    out["shard_key"] = shard_by_key(b["completions"], prompt_id=pids)
+    out["pids"] = pids
+    logs: dict[str, list[Any]] = {}
+    for name, f in [("main", main_logging), ("replicate", replicate_logging), ("shard", shard_logging)]:
+        if name == "shard" and sum(SIZES[world_size]) % 3:
+            continue
+        extra: dict[str, list[Any]] = {}
+        metrics: dict[str, list[float]] = {}
+        f(
+            b["completions"],
+            log_extra=lambda c, v, extra=extra: extra.setdefault(c, []).extend(v),
+            log_metric=lambda k, v, metrics=metrics: metrics.setdefault(k, []).append(v),
+        )
+        logs[name] = (extra, metrics)
+    out["logs"] = logs
+    return out
+
+
+def _slices(values: Any, world_size: int) -> list[Any]:
+    sizes = SIZES[world_size]
+    offsets = np.cumsum([0, *sizes]).tolist()
+    return [values[offsets[r] : offsets[r + 1]] for r in range(world_size)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_every_rank_gets_its_slice_of_the_global_result(world_size: int) -> None:
+    results = run_ranks(correctness_body, world_size, timeout=180)
+    g = concat_batches(world_size)
+    expected_batch = _slices(batch_reward(**g), world_size)
+    expected_dict = batch_dict = dict_reward(g["completions"], g["feats"])
+    expected_async = _slices(asyncio.run(async_reward(g["completions"], g["solution"])), world_size)
+    expected_other = _slices(asyncio.run(async_other(g["completions"])), world_size)
+    for r, res in enumerate(results):
+        assert _same(res["main"], expected_batch[r]), (r, res["main"], expected_batch[r])
+        assert _same(res["replicate"], expected_batch[r])
+        want = {k: _slices(v, world_size)[r] for k, v in expected_dict.items()}
+        assert _same(res["main_dict"], want), (res["main_dict"], want)
+        assert _same(res["replicate_dict"], want)
+        assert _same(res["async"][0], expected_async[r])
+        assert _same(res["async"][1], expected_other[r])
+        assert _same(res["async"][2], expected_async[r])
+    assert batch_dict is expected_dict
+    if sum(SIZES[world_size]) % 3 == 0:
+        expected = _slices(group_reward(g["completions"]), world_size)
+        for r, res in enumerate(results):
+            assert res["shard_size"] == expected[r]
+    pids = [p for res in results for p in res["pids"]]
+    expected = _slices(key_group_reward(g["completions"], pids), world_size)
+    for r, res in enumerate(results):
+        assert res["shard_key"] == expected[r]
+    # log_extra: each rank gets exactly its own samples' values; log_metric: same keys on every rank
+    lengths = _slices([len(c) for c in g["completions"]], world_size)
+    for r, res in enumerate(results):
+        for mode, (extra, metrics) in res["logs"].items():
+            assert extra == {"len": lengths[r]}, (mode, r, extra)
+            assert set(metrics) == {"batch"}
+            if mode != "shard":
+                assert metrics["batch"] == [float(len(g["completions"]))]
+
+
+# --------------------------------------------------------------------------------------------- failures
+
+
+def failing(completions, **kwargs):
+    if os.environ.get("FAIL_ON_RANK") == os.environ["RANK"]:
+        raise ValueError(f"boom on rank {os.environ['RANK']}")
+    return [1.0] * len(completions)
+
+
+def wrong_length(completions, **kwargs):
+    return [1.0] * (len(completions) + 1)
+
+
+def other_function(completions, **kwargs):
+    return [2.0] * len(completions)
+
+
+def named_solution(completions, solution, **kwargs):
+    return [float(len(solution))] * len(completions)
+
+
+main_failing = synced_reward(failing, )
+replicate_failing = synced_reward(mode="replicate")(failing)
+shard_failing = synced_reward(mode="shard", group_size=1)(failing)
+main_wrong = synced_reward(wrong_length)
+main_other = synced_reward(other_function)
+main_tight = synced_reward(timeout=3.0)(failing)
+main_named = synced_reward(named_solution)
+
+
+class Opaque:
+    pass
+
+
+def _outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, Any, float]:
+    t0 = time.perf_counter()
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as e:
+        info: Any = str(e)
+        if isinstance(e, syncreward.RemoteError):
+            info = (e.origin_rank, e.exc_type, e.exc_message)
+        if isinstance(e, syncreward.SyncTimeoutError):
+            info = e.missing_ranks
+        return type(e).__name__, info, time.perf_counter() - t0
+    return "ok", value, time.perf_counter() - t0
+
+
+def failure_body(rank: int, world_size: int) -> dict[str, Any]:
+    comps = [f"c{rank}{i}" for i in range(rank + 1)]
+    out: dict[str, Any] = {}
+    os.environ["FAIL_ON_RANK"] = "0"
+    out["main_root_raises"] = _outcome(main_failing, comps)
+    os.environ["FAIL_ON_RANK"] = "2"
+    out["replicate_one_raises"] = _outcome(replicate_failing, comps)
+    out["shard_one_raises"] = _outcome(shard_failing, comps)
+    os.environ["FAIL_ON_RANK"] = "-1"
+    out["usable_after"] = _outcome(main_failing, comps)
+    bad = comps if rank != 1 else comps[:-1]
+    out["lengths_disagree"] = _outcome(main_failing, comps, solution=bad)
+    obj = [Opaque()] * len(comps) if rank == 2 else [1] * len(comps)
+    out["unsupported"] = _outcome(main_named, comps, obj)
+    out["wrong_length"] = _outcome(main_wrong, comps)
+    out["mismatch_function"] = _outcome(main_failing if rank == 0 else main_other, comps)
+    out["mismatch_schema"] = _outcome(main_failing, comps, **({"solution": comps} if rank == 1 else {}))
+    out["pickle_refused"] = _outcome(main_failing, completions=comps, extra=[Opaque()] * len(comps))
+    out["usable_after_all"] = _outcome(main_failing, comps)
+    if rank != 1:  # rank 1 never makes this call
+        out["timeout"] = _outcome(main_tight, comps)
+        out["broken_after"] = _outcome(main_tight, comps)
+    else:
+        time.sleep(5)
+    return out
+
+
+def test_failures_raise_on_every_rank_promptly() -> None:
+    results = run_ranks(failure_body, 3, timeout=120)
+    r0, r1, r2 = results
+    # The function raises on the scoring rank: original there, RemoteError naming it elsewhere.
+    assert r0["main_root_raises"][:2] == ("ValueError", "boom on rank 0")
+    for r in (r1, r2):
+        assert r["main_root_raises"][:2] == ("RemoteError", (0, "ValueError", "boom on rank 0"))
+    for key in ("replicate_one_raises", "shard_one_raises"):
+        assert r2[key][:2] == ("ValueError", "boom on rank 2"), r2[key]
+        for r in (r0, r1):
+            assert r[key][:2] == ("RemoteError", (2, "ValueError", "boom on rank 2")), r[key]
+    # every rank raises within seconds, not the 30-minute timeout
+    assert max(r[k][2] for r in results for k in ("main_root_raises", "replicate_one_raises")) < 10
+    for r in results:
+        assert r["usable_after"][0] == "ok"
+        assert r["usable_after_all"][0] == "ok"
+    assert r1["lengths_disagree"][0] == "InputError"
+    assert "different lengths" in r1["lengths_disagree"][1]
+    assert r0["lengths_disagree"][:2] == ("RemoteError", (1, "syncreward.InputError", r1["lengths_disagree"][1]))
+    assert r2["unsupported"][0] == "UnsupportedTypeError"
+    assert "allow_pickle" in r2["unsupported"][1]
+    assert r0["unsupported"][1][0] == 2
+    assert r0["wrong_length"][0] == "ResultLengthError"
+    assert r1["wrong_length"][:2] == ("RemoteError", (0, "syncreward.ResultLengthError", r0["wrong_length"][1]))
+    for r in results:
+        assert r["mismatch_function"][0] == "MismatchError"
+        assert "failing" in r["mismatch_function"][1] and "other_function" in r["mismatch_function"][1]
+        assert r["mismatch_schema"][0] == "MismatchError"
+        assert "solution:list" in r["mismatch_schema"][1]
+        # kwargs-only column with objects: left behind, the function (which ignores it) still works
+        assert r["pickle_refused"][0] == "ok"
+    for r in (r0, r2):
+        kind, missing, seconds = r["timeout"]
+        assert kind == "SyncTimeoutError" and missing == (1,), r["timeout"]
+        assert 2.5 < seconds < 10
+        assert r["broken_after"][0] == "GroupBrokenError"
+
+
+# --------------------------------------------------------------------------------------------- columns
+
+
+def uses_image(completions, **kwargs):
+    return [float(len(kwargs["image"]))] * len(completions)
+
+
+def ignores_image(completions, solution, **kwargs):
+    return [float(len(completions) + len(kwargs["solution_copy"]))] * len(completions)
+
+
+main_uses_image = synced_reward(uses_image)
+main_ignores_image = synced_reward(ignores_image)
+main_include = synced_reward(include=["image"], allow_pickle=True)(uses_image)
+
+
+def columns_body(rank: int, world_size: int) -> dict[str, Any]:
+    comps = [f"c{rank}{i}" for i in range(2)]
+    images = [Opaque() for _ in comps]
+    out: dict[str, Any] = {}
+    out["ignored"] = _outcome(main_ignores_image, comps, comps, image=images, solution_copy=comps)
+    out["used"] = _outcome(main_uses_image, comps, image=images)
+    out["included"] = _outcome(main_include, comps, image=images)
+    return out
+
+
+def test_non_plain_kwargs_columns_are_left_behind_with_a_placeholder() -> None:
+    results = run_ranks(columns_body, 2, timeout=60)
+    for res in results:
+        assert res["ignored"] == ("ok", [8.0, 8.0], res["ignored"][2])
+        assert res["included"][:2] == ("ok", [4.0, 4.0])
+    assert results[0]["used"][0] == "ColumnNotSyncedError"
+    assert "image" in results[0]["used"][1] and "include" in results[0]["used"][1]
+    assert results[1]["used"][:2] == ("RemoteError", (0, "syncreward.ColumnNotSyncedError", results[0]["used"][1]))
