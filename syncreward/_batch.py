@@ -61,7 +61,9 @@ def take(values: Any, container: int, idx: slice | Sequence[int]) -> Any:
     if isinstance(idx, slice):
         return values[idx]
     if container in (C_NDARRAY, C_TENSOR):
-        return values[list(idx)] if container == C_NDARRAY else values[torch.as_tensor(list(idx), dtype=torch.long, device=values.device)]
+        if container == C_NDARRAY:
+            return values[list(idx)]
+        return values[torch.as_tensor(list(idx), dtype=torch.long, device=values.device)]
     picked = [values[i] for i in idx]
     return tuple(picked) if container == C_TUPLE else picked
 
@@ -108,7 +110,7 @@ def rebuild_result(keys: list[Any] | None, columns: Sequence[Column], device: to
         values.append(v)
     if keys is None:
         return values[0]
-    return dict(zip(keys, values))
+    return dict(zip(keys, values, strict=True))
 
 
 def describe(container: int) -> str:

@@ -79,7 +79,9 @@ class Bound:
     n: int = 0
     """Local batch size."""
 
-    def call_args(self, values: dict[str, Any], dropped: Collection[str] = ()) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def call_args(
+        self, values: dict[str, Any], dropped: Collection[str] = ()
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Positional and keyword arguments for calling the function with ``values`` as its columns."""
         reasons = dict(self.excluded)
         for name in dropped:

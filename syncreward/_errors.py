@@ -56,7 +56,9 @@ class RemoteError(SyncRewardError):
         remote_traceback: the formatted traceback from the origin rank.
     """
 
-    def __init__(self, origin_rank: int, exc_type: str, exc_message: str, remote_traceback: str, *, function: str) -> None:
+    def __init__(
+        self, origin_rank: int, exc_type: str, exc_message: str, remote_traceback: str, *, function: str
+    ) -> None:
         self.origin_rank = origin_rank
         self.exc_type = exc_type
         self.exc_message = exc_message
@@ -120,7 +122,17 @@ class GroupBrokenError(CommunicationError):
 
 
 for _cls in (
-    SyncRewardError, RemoteError, MismatchError, InputError, ResultLengthError, UnsupportedTypeError,
-    ColumnNotSyncedError, CodecError, BackendError, CommunicationError, SyncTimeoutError, GroupBrokenError,
+    SyncRewardError,
+    RemoteError,
+    MismatchError,
+    InputError,
+    ResultLengthError,
+    UnsupportedTypeError,
+    ColumnNotSyncedError,
+    CodecError,
+    BackendError,
+    CommunicationError,
+    SyncTimeoutError,
+    GroupBrokenError,
 ):
     _cls.__module__ = "syncreward"  # shown as syncreward.InputError in tracebacks and remote errors

@@ -73,10 +73,14 @@ def error_blob(exc: BaseException) -> bytes:
     t = type(exc)
     name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
     out = bytearray()
-    encode_value(
-        {"type": name, "message": str(exc), "traceback": "".join(traceback.format_exception(exc))}, out
-    )
+    encode_value({"type": name, "message": str(exc), "traceback": "".join(traceback.format_exception(exc))}, out)
     return bytes(out)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    add = getattr(exc, "add_note", None)  # Python >= 3.11
+    if add is not None:
+        add(note)
 
 
 class Turnstile:
@@ -126,15 +130,17 @@ class Link:
         return self.backend.all_gather(np.asarray(row, dtype=np.int64), channel=channel, timeout=timeout)
 
     def all_to_all(
-        self, send: bytes | bytearray | np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int],
-        channel: int, timeout: float,
+        self,
+        send: bytes | bytearray | np.ndarray,
+        send_counts: Sequence[int],
+        recv_counts: Sequence[int],
+        channel: int,
+        timeout: float,
     ) -> np.ndarray:
         arr = send if isinstance(send, np.ndarray) else np.frombuffer(send, dtype=np.uint8)
         return self.backend.all_to_all(arr, send_counts, recv_counts, channel=channel, timeout=timeout)
 
-    def broadcast_blobs(
-        self, blob: bytes, sizes: Sequence[int], channel: int, timeout: float
-    ) -> list[bytes]:
+    def broadcast_blobs(self, blob: bytes, sizes: Sequence[int], channel: int, timeout: float) -> list[bytes]:
         """Every rank sends its ``blob`` (``sizes[rank]`` bytes, may be empty) to every rank."""
         w = self.world_size
         buf = self.all_to_all(blob * w, [len(blob)] * w, sizes, channel, timeout)
@@ -163,13 +169,13 @@ class Link:
         if mine is not None:
             others = [r for r in failed if r != self.rank]
             if others:
-                mine.add_note(f"syncreward: {function!r} also failed on rank(s) {others}")
+                _add_note(mine, f"syncreward: {function!r} also failed on rank(s) {others}")
             raise mine
         origin = failed[0]
         info = decode_value(blobs[origin])
         error = RemoteError(origin, info["type"], info["message"], info["traceback"], function=function)
         if len(failed) > 1:
-            error.add_note(f"syncreward: {function!r} also failed on rank(s) {failed[1:]}")
+            _add_note(error, f"syncreward: {function!r} also failed on rank(s) {failed[1:]}")
         raise error
 
     def raise_mismatch(self, header: np.ndarray, description: str, channel: int, timeout: float) -> NoReturn:
@@ -183,8 +189,14 @@ class Link:
         )
 
     def check_header(
-        self, header: np.ndarray, mine: BaseException | None, blob: bytes, description: str,
-        channel: int, timeout: float, function: str,
+        self,
+        header: np.ndarray,
+        mine: BaseException | None,
+        blob: bytes,
+        description: str,
+        channel: int,
+        timeout: float,
+        function: str,
     ) -> None:
         """Raise on every rank if any rank failed, or if the ranks are not making the same call."""
         versions = set(header[:, H_VERSION].tolist())
@@ -213,4 +225,3 @@ def get_link(backend: Backend) -> Link:
             if entry is None or entry[0] is not backend:
                 entry = _links[id(backend)] = (backend, Link(backend))
     return entry[1]
-

@@ -29,11 +29,10 @@ import torch
 
 from ._batch import concat, rebuild_result, result_columns, take
 from ._binding import Binder, Bound
-from ._codec import C_TENSOR, CONTAINERS, Column, decode_frame, decode_value, encode_frame, encode_value
+from ._codec import C_TENSOR, CONTAINERS, Column, decode_frame, decode_value, encode_frame
 from ._errors import CodecError, InputError, RemoteError
 from ._exchange import (
     FAILED,
-    H_AUX,
     H_N,
     H_SIZE,
     HEADER_LEN,
@@ -253,7 +252,7 @@ class Call:
             for c in self.bound.columns:
                 if c.container == C_TENSOR:
                     return c.values.device  # type: ignore[no-any-return]
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             return torch.device("cuda", torch.cuda.current_device())
         return None
 
@@ -264,12 +263,13 @@ class MainCall(Call):
     def pre(self) -> None:
         try:
             with self.link.turns[0].turn(self.seq, self.timeout):
-                payload = b"" if self.error is not None else self.frame
+                payload: bytes | bytearray = b"" if self.error is not None else self.frame
                 h = self.exchange_header(len(payload))
                 sizes = [int(x) for x in h[:, H_SIZE]]
                 w = self.world_size
+                send: bytes | bytearray = b""
                 if self.rank == ROOT:
-                    send_counts, recv_counts, send = [0] * w, [0 if s == ROOT else sizes[s] for s in range(w)], b""
+                    send_counts, recv_counts = [0] * w, [0 if s == ROOT else sizes[s] for s in range(w)]
                 else:
                     send_counts = [sizes[self.rank] if d == ROOT else 0 for d in range(w)]
                     recv_counts, send = [0] * w, payload
@@ -281,7 +281,7 @@ class MainCall(Call):
             return
         self.scores = True
         try:
-            mv = memoryview(buf)
+            mv = buf.data
             frames, pos = {}, 0
             for s in range(self.world_size):
                 frames[s] = mv[pos : pos + recv_counts[s]]
@@ -363,7 +363,7 @@ class MainCall(Call):
         cap = self._capacity(per_sample, self.rank)
         with self.link.turns[1].turn(self.seq, self.timeout):
             buf = self.link.all_to_all(b"", [0] * w, [cap if s == ROOT else 0 for s in range(w)], 1, self.timeout)
-            status, overflow, next_per_sample, total = _CHUNK.unpack_from(buf)
+            status, overflow, next_per_sample, total = _CHUNK.unpack_from(buf.data)
             body = buf[_CHUNK.size : _CHUNK.size + min(total, cap - _CHUNK.size)].tobytes()
             if overflow:
                 rest = max(0, total - (cap - _CHUNK.size))
@@ -400,7 +400,7 @@ class ReplicateCall(Call):
             raise
         self.scores = True
         try:
-            mv = memoryview(buf)
+            mv = buf.data
             frames, pos = {}, 0
             for s in range(self.world_size):
                 frames[s] = mv[pos : pos + recv_counts[s]]
@@ -451,4 +451,3 @@ def make_call(spec: Spec, link: Link, args: tuple[Any, ...], kwargs: dict[str, A
     from ._shard import ShardCall
 
     return ShardCall(spec, link, args, kwargs)
-

@@ -62,7 +62,7 @@ class ShardCall(Call):
         # Drop decisions and encodability are checked with the full local frame; the frames actually sent
         # are cut per destination once the assignment is known.
         super().prepare()
-        self.key_frame = b""
+        self.key_frame: bytes | bytearray = b""
         if by is not None:
             col = next(c for c in self.bound.columns if c.name == by)
             self.key_frame = encode_frame([col], self.bound.n)
@@ -81,7 +81,9 @@ class ShardCall(Call):
                 sizes = self.link.all_gather(row, 0, self.timeout)
                 statuses = [int(x) for x in sizes[:, 0]]
                 if any(s != OK for s in statuses):
-                    self.link.raise_failures(statuses, sizes[:, 1].tolist(), error, blob, 0, self.timeout, self.spec.name)
+                    self.link.raise_failures(
+                        statuses, sizes[:, 1].tolist(), error, blob, 0, self.timeout, self.spec.name
+                    )
                 send_counts = [0 if d == me else len(frames[d]) for d in range(w)]
                 recv_counts = [0 if s == me else int(sizes[s, 2 + me]) for s in range(w)]
                 send = b"".join(frames[d] for d in range(w) if d != me)
@@ -94,7 +96,7 @@ class ShardCall(Call):
         if not self.scores:
             return
         try:
-            mv, pos = memoryview(buf), 0
+            mv, pos = buf.data, 0
             frames_in: dict[int, memoryview] = {}
             for s in range(w):
                 frames_in[s] = mv[pos : pos + recv_counts[s]]
@@ -202,7 +204,7 @@ class ShardCall(Call):
             recv_counts = [0 if s == me else int(sizes[s, 2 + me]) for s in range(w)]
             buf = self.link.all_to_all(b"".join(frames), send_counts, recv_counts, 1, self.timeout)
         parts: dict[int, tuple[list[Column], dict[str, Any]]] = {}
-        mv, pos = memoryview(buf), 0
+        mv, pos = buf.data, 0
         for s in range(w):
             if s == me:
                 if own is not None:
@@ -231,7 +233,7 @@ class ShardCall(Call):
                     self.replay([(kind, key, value)])
                 else:
                     col = extras.setdefault(key, [None] * n)
-                    for i, v in zip(self.sent[d], value):
+                    for i, v in zip(self.sent[d], value, strict=True):
                         col[i] = v
         for key, col in extras.items():
             self.replay([("extra", key, col)])

@@ -197,9 +197,10 @@ def run_ranks(
     finally:
         hung = [r for r in range(world_size) if r not in outcome]
         for r in hung:
-            if procs[r].is_alive() and procs[r].pid is not None:
+            pid = procs[r].pid
+            if procs[r].is_alive() and pid is not None:
                 with contextlib.suppress(OSError):
-                    os.kill(procs[r].pid, signal.SIGUSR1)
+                    os.kill(pid, signal.SIGUSR1)
         if hung:
             time.sleep(0.5)
         for p in procs:

@@ -32,8 +32,8 @@ def _accelerate_active() -> bool:
     mod = sys.modules.get("accelerate.state")
     if mod is None:
         return False
-    shared = getattr(mod.PartialState, "_shared_state", None)
-    return bool(shared) and int(shared.get("num_processes", 1) or 1) > 1
+    shared: dict[str, Any] = getattr(mod.PartialState, "_shared_state", None) or {}
+    return int(shared.get("num_processes", 1) or 1) > 1
 
 
 def _torch_active() -> bool:
@@ -41,18 +41,15 @@ def _torch_active() -> bool:
     return dist is not None and dist.is_available() and dist.is_initialized()
 
 
-def _world_key() -> int:
+def _cached(kind: str, process_group: Any, make: Any) -> Any:
+    """One backend per (kind, job, process group): a re-initialised job gets fresh groups."""
     import torch.distributed as dist
 
-    return id(dist.group.WORLD)
-
-
-def _cached(kind: str, process_group: Any, make: Any) -> Any:
-    key = (kind, _world_key(), id(process_group))
+    key = (kind, id(dist.group.WORLD), id(process_group))
     backend = _cache.get(key)
     if backend is None:
         backend = _cache[key] = make()
-        _keepalive[key] = (process_group, __import__("torch.distributed").distributed.group.WORLD)
+        _keepalive[key] = (process_group, dist.group.WORLD)  # keep the ids in the key from being reused
     return backend
 
 

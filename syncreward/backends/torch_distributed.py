@@ -16,6 +16,7 @@ expires, the ranks that did arrive record so in the store, and the error names t
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import threading
@@ -38,6 +39,7 @@ _GRACE_S = 2.0  # how long a timed-out rank waits for the others to report in, t
 _GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
 _WORK_TIMEOUT_MESSAGE = "Operation timed out!"  # c10d::Work::wait(timeout) when the slice expires
 
+_AllgatherOptions: Any
 try:  # not re-exported at torch.distributed on every version
     from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions
 except ImportError:  # pragma: no cover - very old torch
@@ -127,7 +129,7 @@ class TorchDistributedBackend:
             from torch.distributed.distributed_c10d import _get_default_store
 
             name = groups[0].group_name
-            self._store = dist.PrefixStore(f"syncreward/{name}/", _get_default_store())
+            self._store = dist.PrefixStore(f"syncreward/{name}/", _get_default_store())  # type: ignore[attr-defined]
         except Exception:  # pragma: no cover - private API moved; fall back to timeouts only
             log.debug("no rendezvous store available; peer failures surface at the timeout", exc_info=True)
             self._store = None
@@ -191,10 +193,9 @@ class TorchDistributedBackend:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         self._broken = f"{what} failed on rank {self._rank}: {message}"
         if self._store is not None:
-            try:
+            # the store lives in rank 0's process; it may be the one that died
+            with contextlib.suppress(Exception):
                 self._store.set("abort", f"{self._rank} ({message})")
-            except Exception:  # the store lives in rank 0's process; it may be the one that died
-                pass
         raise CommunicationError(
             f"syncreward {what} failed on rank {self._rank}: {message}. HINT: a peer process probably died or "
             "was killed (look for its traceback or an OOM kill); the group is now unusable."
@@ -225,11 +226,7 @@ class TorchDistributedBackend:
             except Exception:
                 missing = []
         self._broken = f"{what} timed out after {timeout:.1f}s on rank {self._rank}"
-        who = (
-            f"rank(s) {missing} did not reach it"
-            if missing
-            else "the other ranks did not complete it"
-        )
+        who = f"rank(s) {missing} did not reach it" if missing else "the other ranks did not complete it"
         raise SyncTimeoutError(
             f"syncreward {what} timed out after {timeout:.1f}s on rank {self._rank}: {who} (hung, still busy, "
             "dead, or they skipped this synced call). HINT: raise timeout= if the scoring rank legitimately takes "
