@@ -1,0 +1,147 @@
+"""The decorator's surface: metadata, options, backend resolution, the single-process path."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import syncreward
+import syncreward.testing
+from syncreward import Backend, BackendError, synced_reward
+from syncreward.backends import LocalBackend, resolve_backend
+
+
+def reward(completions: list[str], solution: list[str], **kwargs: object) -> list[float]:
+    """Length reward."""
+    return [float(len(c)) for c in completions]
+
+
+async def async_reward(completions: list[str], **kwargs: object) -> list[float]:
+    """Async length reward."""
+    await asyncio.sleep(0)
+    return [float(len(c)) for c in completions]
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(syncreward.__all__) == sorted(
+        [
+            "Backend", "BackendError", "CodecError", "ColumnNotSyncedError", "CommunicationError",
+            "GroupBrokenError", "InputError", "MismatchError", "NotSynced", "RemoteError", "ResultLengthError",
+            "SyncRewardError", "SyncTimeoutError", "UnsupportedTypeError", "__version__", "resolve_backend",
+            "synced_reward",
+        ]
+    )
+
+
+@pytest.mark.parametrize("decorate", [synced_reward, synced_reward(), synced_reward(mode="replicate", timeout=5)])
+def test_wrapper_keeps_name_doc_signature(decorate) -> None:  # type: ignore[no-untyped-def]
+    wrapped = decorate(reward)
+    assert wrapped.__name__ == "reward"
+    assert wrapped.__qualname__ == reward.__qualname__
+    assert wrapped.__doc__ == "Length reward."
+    assert inspect.signature(wrapped) == inspect.signature(reward)
+    assert not inspect.iscoroutinefunction(wrapped)
+
+
+def test_async_wrapper_stays_a_coroutine_function() -> None:
+    wrapped = synced_reward(async_reward)
+    assert inspect.iscoroutinefunction(wrapped)
+    assert wrapped.__name__ == "async_reward"
+    trl_utils = pytest.importorskip("trl.trainer.utils")
+    if hasattr(trl_utils, "is_async_callable"):
+        assert trl_utils.is_async_callable(wrapped)
+        assert not trl_utils.is_async_callable(synced_reward(reward))
+
+
+def test_single_process_calls_the_function_directly() -> None:
+    sentinel = [1.0, 2.0]
+    wrapped = synced_reward(lambda completions: sentinel)
+    assert wrapped(["a", "b"]) is sentinel  # no copy, no exchange
+    assert synced_reward(reward)(["ab", "c"], ["1", "2"], trainer_state=None) == [2.0, 1.0]
+    assert asyncio.run(synced_reward(async_reward)(["abc"])) == [3.0]
+
+
+def test_single_process_torch_job_is_a_direct_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(syncreward.testing.free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        backend = resolve_backend("auto")
+        assert backend.world_size == 1 and backend.rank == 0
+        assert synced_reward(backend="torch")(reward)(["ab"], ["x"]) == [2.0]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "all"}, "mode must be one of"),
+        ({"mode": "shard"}, "exactly one of group_size"),
+        ({"mode": "shard", "group_size": 2, "group_by": "x"}, "exactly one of group_size"),
+        ({"mode": "shard", "group_size": 0}, "positive int"),
+        ({"group_size": 4}, "only apply to mode='shard'"),
+        ({"timeout": 0}, "timeout must be positive"),
+        ({"backend": "nccl"}, "unknown backend"),
+        ({"shared": ["solution"], "exclude": ["solution"]}, "both shared and"),
+        ({"mode": "shard", "group_by": "trainer_state"}, "shared argument"),
+    ],
+)
+def test_bad_options_fail_at_decoration(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        synced_reward(**options)(reward)  # type: ignore[call-overload]
+
+
+def test_multi_process_env_without_init_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(BackendError, match="init_process_group"):
+        synced_reward(reward)(["a"], ["b"])
+    # an explicit choice to score alone is respected
+    assert synced_reward(backend="local")(reward)(["a"], ["b"]) == [1.0]
+
+
+def test_torch_backend_without_init_explains() -> None:
+    with pytest.raises(BackendError, match="init_process_group"):
+        synced_reward(backend="torch")(reward)(["a"], ["b"])
+
+
+def test_missing_accelerate_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "accelerate", None)
+    with pytest.raises(ImportError, match=r"syncreward\[accelerate\]"):
+        synced_reward(backend="accelerate")(reward)(["a"], ["b"])
+
+
+def test_backend_protocol_is_runtime_checkable() -> None:
+    assert isinstance(LocalBackend(), Backend)
+    assert not isinstance(object(), Backend)
+    with pytest.raises(BackendError, match="Backend protocol"):
+        synced_reward(backend=object())(reward)(["a"], ["b"])  # type: ignore[call-overload]
+
+
+def test_explicit_backend_object_wins() -> None:
+    class OneRank:
+        rank = 0
+        world_size = 1
+        calls = 0
+
+        def all_gather(self, row, *, channel, timeout):  # type: ignore[no-untyped-def]
+            raise AssertionError("a one-rank backend needs no exchange")
+
+        def all_to_all(self, send, send_counts, recv_counts, *, channel, timeout):  # type: ignore[no-untyped-def]
+            raise AssertionError("a one-rank backend needs no exchange")
+
+    assert synced_reward(backend=OneRank())(reward)(["abc"], ["x"]) == [3.0]
+
+
+def test_containers_pass_through_locally() -> None:
+    t = torch.arange(3.0)
+    a = np.arange(3)
+    assert synced_reward(lambda x: x * 2)(t).tolist() == [0.0, 2.0, 4.0]
+    assert synced_reward(lambda x: x + 1)(a).tolist() == [1, 2, 3]
