@@ -16,7 +16,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Collection
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar, cast, overload
 
 from typing_extensions import ParamSpec
@@ -68,12 +68,14 @@ def _finish_in_background(call: Call, error: BaseException) -> None:
 
 async def _run_async(call: Call, fn: Callable[..., Awaitable[Any]]) -> Any:
     loop = asyncio.get_running_loop()
-    pre = loop.run_in_executor(_EXECUTOR, call.pre)
+    # The continuation of a cancelled call hangs off the executor's future, not the event loop's: the
+    # loop may be closed (asyncio.run returned) before pre() completes, and its callbacks would never run.
+    pre = _EXECUTOR.submit(call.pre)
     try:
-        await asyncio.shield(pre)
+        await asyncio.shield(asyncio.wrap_future(pre))
     except asyncio.CancelledError:
 
-        def after_pre(f: asyncio.Future[None]) -> None:
+        def after_pre(f: Future[None]) -> None:
             if not f.cancelled() and f.exception() is None:
                 _finish_in_background(call, asyncio.CancelledError(f"synced call cancelled on rank {call.rank}"))
 
@@ -188,8 +190,10 @@ def synced_reward(
         raise ValueError("group_size/group_by only apply to mode='shard'")
     if not timeout > 0:
         raise ValueError(f"timeout must be positive, not {timeout!r}")
-    if isinstance(backend, str) and backend not in ("auto", "local", "torch", "accelerate"):
-        raise ValueError(f"unknown backend {backend!r}; expected 'auto', 'local', 'torch', 'accelerate' or an object")
+    if isinstance(backend, str) and backend not in ("auto", "local", "torch", "accelerate", "ray"):
+        raise ValueError(
+            f"unknown backend {backend!r}; expected 'auto', 'local', 'torch', 'accelerate', 'ray' or an object"
+        )
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         binder = Binder(func, include=include, exclude=exclude, shared=shared)
