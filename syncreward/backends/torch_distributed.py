@@ -223,6 +223,8 @@ class TorchDistributedBackend:
                     if not missing or time.monotonic() >= end:
                         break
                     time.sleep(0.05)
+                # a rank that arrives later must not wait out its own timeout for ranks that gave up
+                self._store.set("abort", f"{self._rank} (timed out after {timeout:.1f}s waiting for rank(s) {missing})")
             except Exception:
                 missing = []
         self._broken = f"{what} timed out after {timeout:.1f}s on rank {self._rank}"
