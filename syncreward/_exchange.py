@@ -115,6 +115,7 @@ class Link:
         self.world_size = backend.world_size
         self.turns = (Turnstile(), Turnstile())
         self.capacity: dict[int, int] = {}
+        self.eager_words = 0  # size of the header collective's payload slot; identical on every rank
         self._seq = 0
         self._lock = threading.Lock()
 
@@ -126,7 +127,7 @@ class Link:
 
     # ------------------------------------------------------------------------------------------ collectives
 
-    def all_gather(self, row: Sequence[int], channel: int, timeout: float) -> np.ndarray:
+    def all_gather(self, row: Sequence[int] | np.ndarray, channel: int, timeout: float) -> np.ndarray:
         return self.backend.all_gather(np.asarray(row, dtype=np.int64), channel=channel, timeout=timeout)
 
     def all_to_all(

@@ -12,15 +12,16 @@ binding, encoding, decoding, the function or its result are *statuses* that trav
 exchanges, so every rank raises together.
 
 Collectives per call (success path): ``main`` 3 (header, payload to the scoring rank, results with a
-predicted size), plus one if a result slice outgrows its predicted size; ``replicate`` 3 (header,
-payload to everyone, status); ``shard`` 5 (header, key/size exchange, payload, result header, results).
+predicted size), plus one if a result slice outgrows its predicted size; ``replicate`` 2 (header with the
+payload in its eager slot, status), plus one when a payload outgrows the slot sized from the previous
+call; ``shard`` 5 (header, key/size exchange, payload, result header, results).
 """
 
 from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ _CHUNK = struct.Struct("<BBxxIQ")  # status, overflow round follows, next per-sa
 _BASE_CAPACITY = 240
 _DEFAULT_PER_SAMPLE = 16
 _MAX_PER_SAMPLE = 1 << 20
+_MAX_EAGER_WORDS = (4 << 20) // 8  # replicate payloads up to 4 MiB per rank ride in the header collective
 
 
 @dataclass(frozen=True)
@@ -146,12 +148,23 @@ class Call:
         mask = drop_mask(self.names, self.dropped_local)
         return [VERSION, self.seq, status, self.fp, n, size, len(self.description.encode()), aux, *mask]
 
-    def exchange_header(self, payload_bytes: int, aux: int = 0) -> np.ndarray:
-        """Gather every rank's header and raise collectively on failure or mismatch."""
-        row = self.header(payload_bytes, aux)
-        assert len(row) == HEADER_LEN
-        h = self.link.all_gather(row, 0, self.timeout)
+    def exchange_header(self, payload_bytes: int, aux: int = 0, eager: bytes | bytearray = b"") -> np.ndarray:
+        """Gather every rank's header and raise collectively on failure or mismatch.
+
+        The gathered row is the header plus the link's *eager slot* (``Link.eager_words`` int64 words, the
+        same on every rank). ``mode="replicate"`` puts the start of its payload there, so in the steady
+        state its payload needs no second collective; the other modes leave the slot empty.
+        """
+        row = np.zeros(HEADER_LEN + self.link.eager_words, dtype=np.int64)
+        row[:HEADER_LEN] = self.header(payload_bytes, aux)
+        if eager:
+            slot = row[HEADER_LEN:].view(np.uint8)
+            part = eager[: slot.size]
+            slot[: len(part)] = np.frombuffer(part, dtype=np.uint8)
+        gathered = self.link.all_gather(row, 0, self.timeout)
+        h = gathered[:, :HEADER_LEN]
         self.link.check_header(h, self.error, self.blob, self.description, 0, self.timeout, self.spec.name)
+        self.eager_in = np.ascontiguousarray(gathered[:, HEADER_LEN:]).view(np.uint8)
         self.counts = [int(x) for x in h[:, H_N]]
         self.offsets = [0, *np.cumsum(self.counts).tolist()]
         self.total = self.offsets[-1]
@@ -163,7 +176,7 @@ class Call:
         with self.link.turns[1].turn(self.seq, self.timeout):
             pass
 
-    def merge(self, frames: dict[int, memoryview], ranks: Sequence[int]) -> dict[str, Any]:
+    def merge(self, frames: Mapping[int, bytes | memoryview], ranks: Sequence[int]) -> dict[str, Any]:
         """Decode the given ranks' frames and concatenate every column in rank order."""
         assert self.bound is not None
         decoded: dict[int, dict[str, Any]] = {}
@@ -389,22 +402,31 @@ class ReplicateCall(Call):
         try:
             with self.link.turns[0].turn(self.seq, self.timeout):
                 payload = b"" if self.error is not None else bytes(self.frame)
-                h = self.exchange_header(len(payload))
+                eager_bytes = 8 * self.link.eager_words
+                h = self.exchange_header(len(payload), eager=payload)
                 sizes = [int(x) for x in h[:, H_SIZE]]
                 w = self.world_size
-                send_counts = [0 if d == self.rank else len(payload) for d in range(w)]
-                recv_counts = [0 if s == self.rank else sizes[s] for s in range(w)]
-                buf = self.link.all_to_all(payload * (w - 1), send_counts, recv_counts, 0, self.timeout)
+                rest = [max(0, size - eager_bytes) for size in sizes]
+                frames: dict[int, bytes | memoryview] = {}
+                if any(rest):  # a payload outgrew the eager slot: one all_to_all for the remainders
+                    tail = payload[eager_bytes:]
+                    send_counts = [0 if d == self.rank else len(tail) for d in range(w)]
+                    recv_counts = [0 if s == self.rank else rest[s] for s in range(w)]
+                    buf = self.link.all_to_all(tail * (w - 1), send_counts, recv_counts, 0, self.timeout)
+                    pos = 0
+                    for s in range(w):
+                        head = self.eager_in[s, : min(sizes[s], eager_bytes)].tobytes()
+                        frames[s] = head + buf[pos : pos + recv_counts[s]].tobytes()
+                        pos += recv_counts[s]
+                else:
+                    frames = {s: self.eager_in[s, : sizes[s]].data for s in range(w)}
+                # Size the next eager slot from this call's payloads (every rank sees the same sizes).
+                self.link.eager_words = min(_MAX_EAGER_WORDS, (int(max(sizes) * 1.25) + 7) // 8)
         except BaseException:
             self.skip_post()
             raise
         self.scores = True
         try:
-            mv = buf.data
-            frames, pos = {}, 0
-            for s in range(self.world_size):
-                frames[s] = mv[pos : pos + recv_counts[s]]
-                pos += recv_counts[s]
             self.set_inputs(self.merge(frames, range(self.world_size)), self.forwarding_proxies())
         except Exception as e:
             self.score_error = e

@@ -367,3 +367,36 @@ def test_non_plain_kwargs_columns_are_left_behind_with_a_placeholder() -> None:
     assert results[0]["used"][0] == "ColumnNotSyncedError"
     assert "image" in results[0]["used"][1] and "include" in results[0]["used"][1]
     assert results[1]["used"][:2] == ("RemoteError", (0, "syncreward.ColumnNotSyncedError", results[0]["used"][1]))
+
+
+# --------------------------------------------------------------------------------------------- collectives
+
+
+def counting_body(rank: int, world_size: int) -> dict[str, list[int]]:
+    """Count the collectives each synced call issues, in the steady state (after a warm-up call)."""
+    backend = syncreward.resolve_backend("torch")
+    counts = {"n": 0}
+    for name in ("all_gather", "all_to_all"):
+        original = getattr(backend, name)
+
+        def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            counts["n"] += 1
+            return _original(*args, **kwargs)
+
+        setattr(backend, name, counted)
+    out: dict[str, list[int]] = {}
+    b = local_batch(rank, world_size)
+    for name, f in [("main", main_batch), ("replicate", replicate_batch)]:
+        out[name] = []
+        for _ in range(3):
+            counts["n"] = 0
+            f(**b)
+            out[name].append(counts["n"])
+    return out
+
+
+def test_collectives_per_call() -> None:
+    for res in run_ranks(counting_body, 3, timeout=120):
+        assert res["main"] == [3, 3, 3], res
+        # the first replicate call sizes the eager slot; after that the payload rides in the header
+        assert res["replicate"][1:] == [2, 2], res
