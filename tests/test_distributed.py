@@ -184,7 +184,7 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_every_rank_gets_its_slice_of_the_global_result(world_size: int) -> None:
     results = run_ranks(correctness_body, world_size, timeout=180)
     g = concat_batches(world_size)
@@ -400,3 +400,33 @@ def test_collectives_per_call() -> None:
         assert res["main"] == [3, 3, 3], res
         # the first replicate call sizes the eager slot; after that the payload rides in the header
         assert res["replicate"][1:] == [2, 2], res
+
+
+# --------------------------------------------------------------------------------------------- subgroups
+
+
+def data_parallel_body(rank: int, world_size: int) -> dict[str, Any]:
+    """4 ranks as 2 data-parallel x 2 tensor-parallel: TP peers {0,1} and {2,3} hold the same samples."""
+    import torch.distributed as dist
+
+    dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # every rank creates every group
+    dp = dp_groups[rank % 2]
+    dp_rank = rank // 2
+    completions = [f"dp{dp_rank}-" + "x" * i for i in range(dp_rank + 2)]  # same data on TP peers
+    synced = synced_reward(process_group=dp)(batch_normalized)
+    return {"completions": completions, "rewards": synced(completions)}
+
+
+def batch_normalized(completions, **kwargs):
+    mean = sum(map(len, completions)) / len(completions)
+    return [len(c) - mean for c in completions]
+
+
+def test_process_group_syncs_over_data_parallel_ranks_only() -> None:
+    results = run_ranks(data_parallel_body, 4, timeout=120)
+    batch = results[0]["completions"] + results[2]["completions"]  # one copy per data-parallel rank
+    expected = batch_normalized(batch)
+    for rank, res in enumerate(results):
+        dp_rank = rank // 2
+        lo = 0 if dp_rank == 0 else len(results[0]["completions"])
+        assert res["rewards"] == expected[lo : lo + len(res["completions"])], (rank, res)
