@@ -54,6 +54,8 @@ def _assign_by_key(keys: Sequence[Any], world_size: int, column: str) -> list[in
 class ShardCall(Call):
     """One call in ``mode="shard"``."""
 
+    key_frame: bytes | bytearray = b""  # stays empty if binding or encoding failed: pre() still joins the exchange
+
     def prepare(self) -> None:
         assert self.bound is not None
         by = self.spec.group_by
@@ -62,7 +64,6 @@ class ShardCall(Call):
         # Drop decisions and encodability are checked with the full local frame; the frames actually sent
         # are cut per destination once the assignment is known.
         super().prepare()
-        self.key_frame: bytes | bytearray = b""
         if by is not None:
             col = next(c for c in self.bound.columns if c.name == by)
             self.key_frame = encode_frame([col], self.bound.n)
