@@ -158,6 +158,8 @@ class TorchDistributedBackend:
         out = torch.empty(int(sum(recv_counts)), dtype=torch.uint8)
         opts = dist.AllToAllOptions()
         opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
+        if not send.flags.writeable:  # torch.from_numpy warns on read-only arrays (gloo only reads it)
+            send = send.copy()
         work = group.alltoall_base(
             out, torch.from_numpy(send), [int(c) for c in recv_counts], [int(c) for c in send_counts], opts
         )
