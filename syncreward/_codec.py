@@ -111,6 +111,7 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
     )
 }
 _MAX_NDIM = 32
+_MAX_BIGINT_DIGITS = 4300  # Python's default int <-> str limit (sys.get_int_max_str_digits())
 
 
 def container_of(value: object) -> int | None:
@@ -152,6 +153,8 @@ def _pad8(out: bytearray) -> None:
 def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
     """Raw bytes of a tensor as a uint8 numpy array (copied to the CPU if needed)."""
     t = t.detach()
+    if t.numel() == 0:  # an empty view may keep any stride (zeros(0, 5)[:, 1]), which view(uint8) refuses
+        return np.empty(0, dtype=np.uint8)
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous().reshape(-1)
@@ -210,7 +213,12 @@ def encode_value(obj: object, out: bytearray, allow_pickle: bool = False, _depth
         if -(1 << 63) <= obj < (1 << 63):  # type: ignore[operator]
             out += _TAG_INT.pack(T_INT, obj)
         else:
-            b = str(obj).encode()
+            try:
+                b = str(obj).encode()
+            except ValueError:  # beyond sys.get_int_max_str_digits()
+                b = b""
+            if not 0 < len(b.removeprefix(b"-")) <= _MAX_BIGINT_DIGITS:
+                raise UnsupportedTypeError(f"integers of more than {_MAX_BIGINT_DIGITS} digits are not supported")
             out += _TAG_LEN.pack(T_BIGINT, len(b))
             out += b
     elif obj is None:
@@ -378,6 +386,13 @@ def encode_frame(
 # --------------------------------------------------------------------------------------------- decoding
 
 
+def _np_dtype(dname: str) -> np.dtype[Any]:
+    try:
+        return np.dtype(dname)
+    except TypeError:  # matches the allowlist pattern but is no numpy dtype, e.g. "<i3"
+        raise CodecError(f"unsupported array dtype {dname!r} in payload") from None
+
+
 class _Reader:
     """Bounds-checked cursor over a buffer. Positions are relative to the frame start (for alignment)."""
 
@@ -427,7 +442,7 @@ class _Reader:
         else:
             if not _NP_DTYPE_RE.match(dname):
                 raise CodecError(f"unsupported array dtype {dname!r} in payload")
-            dtype = np.dtype(dname)
+            dtype = _np_dtype(dname)
             itemsize = dtype.itemsize
         ndim = self.u8()
         if ndim > _MAX_NDIM:
@@ -496,7 +511,7 @@ def _decode(r: _Reader, depth: int) -> Any:
         return bytes(r.take(r.u64()))
     if tag == T_BIGINT:
         text = bytes(r.take(r.u64()))
-        if not re.fullmatch(rb"-?[0-9]{1,5000}", text):
+        if not re.fullmatch(rb"-?[0-9]{1,%d}" % _MAX_BIGINT_DIGITS, text):
             raise CodecError("corrupt payload: malformed integer")
         return int(text)
     if tag == T_ARRAY:
@@ -505,7 +520,7 @@ def _decode(r: _Reader, depth: int) -> Any:
         dname = bytes(r.take(r.u8())).decode("ascii", "replace")
         if not _NP_DTYPE_RE.match(dname):
             raise CodecError(f"unsupported scalar dtype {dname!r} in payload")
-        dt = np.dtype(dname)
+        dt = _np_dtype(dname)
         return np.frombuffer(r.take(dt.itemsize), dtype=dt)[0]
     if tag == T_TENSOR:
         return _decode_tensor(r)
@@ -525,7 +540,7 @@ def decode_value(buf: bytes | bytearray | memoryview, allow_pickle: bool = False
     r = _Reader(memoryview(buf).cast("B"), allow_pickle)
     try:
         value = _decode(r, 0)
-    except (ValueError, struct.error, OverflowError, MemoryError) as e:
+    except (ValueError, TypeError, struct.error, OverflowError, MemoryError, RuntimeError) as e:
         if isinstance(e, CodecError):
             raise
         raise CodecError(f"corrupt payload: {e}") from None
@@ -539,10 +554,11 @@ def _int64s(r: _Reader, n: int) -> np.ndarray:
 
 
 def _decode_column_body(r: _Reader, enc: int, end: int) -> Any:
-    if enc == E_TENSOR:
-        return _decode_tensor(r)
-    if enc == E_ARRAY:
-        return _decode_ndarray(r)
+    if enc in (E_TENSOR, E_ARRAY):
+        column = _decode_tensor(r) if enc == E_TENSOR else _decode_ndarray(r)
+        if column.ndim == 0:
+            raise CodecError("corrupt payload: a column array without a batch dimension")
+        return column
     n = r.u64()
     if enc == E_GENERIC:
         r.count(n, 1)
@@ -558,8 +574,8 @@ def _decode_column_body(r: _Reader, enc: int, end: int) -> Any:
     if enc in (E_STR, E_INTLISTS):
         r.count(n, 8)
         lengths = _int64s(r, n)
-        if n and int(lengths.min()) < 0:
-            raise CodecError("corrupt payload: negative length")
+        if n and (int(lengths.min()) < 0 or int(lengths.max()) > r.end - r.pos):
+            raise CodecError("corrupt payload: row length out of range")
         offsets = [0, *np.cumsum(lengths, dtype=np.int64).tolist()]
         total = offsets[-1]
         if enc == E_STR:
@@ -604,6 +620,8 @@ def decode_frame(
             enc = r.u8()
             if container not in CONTAINERS:
                 raise CodecError(f"corrupt payload: unknown container {container}")
+            if (container == C_TENSOR) != (enc == E_TENSOR) or (enc == E_ARRAY and container != C_NDARRAY):
+                raise CodecError(f"corrupt payload: column encoding {enc} does not fit container {container}")
             r.align8()
             body_len = r.u64()
             body_end = r.pos + body_len
@@ -627,7 +645,7 @@ def decode_frame(
         r.align8()
     except CodecError:
         raise
-    except (ValueError, struct.error, OverflowError, MemoryError, RuntimeError) as e:
+    except (ValueError, TypeError, struct.error, OverflowError, MemoryError, RuntimeError) as e:
         raise CodecError(f"corrupt payload: {e}") from None
     if r.pos != r.end:
         raise CodecError(f"corrupt payload: {r.end - r.pos} trailing bytes after the frame")

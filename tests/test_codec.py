@@ -1,0 +1,494 @@
+"""The wire codec: exact round trips of every supported type, the column fast paths, and no code on the wire."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import struct
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import syncreward
+from syncreward import CodecError, UnsupportedTypeError, synced_reward
+from syncreward._codec import (
+    C_LIST,
+    C_NDARRAY,
+    C_TENSOR,
+    C_TUPLE,
+    E_BOOL,
+    E_F64,
+    E_GENERIC,
+    E_I64,
+    E_INTLISTS,
+    E_STR,
+    MAX_DEPTH,
+    Column,
+    _encode_column_body,
+    decode_frame,
+    decode_value,
+    encode_frame,
+    encode_value,
+)
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def same(a: Any, b: Any) -> bool:
+    """Strict equality: same types all the way down (tuple vs list, bool vs int), NaN equals NaN, -0.0 != 0.0."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+            return False
+        if a.numel() == 0:
+            return True
+        if a.dtype.is_floating_point or a.dtype.is_complex:  # bit-exact, NaN payloads and -0.0 included
+            a, b = a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
+        return bool(torch.equal(a, b))
+    if isinstance(a, np.ndarray):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    if isinstance(a, np.generic):
+        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    if isinstance(a, float):
+        return struct.pack("<d", a) == struct.pack("<d", b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=False))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) and same(k, kb) for k, kb in zip(a, b, strict=False))
+    return bool(a == b)
+
+
+def roundtrip(value: Any, **kwargs: Any) -> Any:
+    out = bytearray()
+    encode_value(value, out, **kwargs)
+    return decode_value(bytes(out), **kwargs)
+
+
+def frame_roundtrip(values: Any, container: int) -> tuple[int, Column]:
+    """Encode one column in a frame, decode it; return the encoding used and the decoded column."""
+    body = bytearray()
+    enc = _encode_column_body(values, container, body, False)
+    frame = encode_frame([Column("col", container, values)], len(values))
+    assert len(frame) % 8 == 0
+    nrows, cols, meta = decode_frame(bytes(frame))
+    assert nrows == len(values)
+    assert meta is None
+    assert len(cols) == 1
+    assert cols[0].name == "col"
+    assert cols[0].container == container
+    return enc, cols[0]
+
+
+# --------------------------------------------------------------------------------------------- values
+
+BIG = [2**63 - 1, -(2**63), 2**63, -(2**63) - 1, 2**64, 10**100, -(10**300), 3**2000]
+SCALARS: list[Any] = [
+    None,
+    True,
+    False,
+    0,
+    1,
+    -1,
+    *BIG,
+    0.0,
+    -0.0,
+    1.5,
+    -1e-310,
+    1e308,
+    math.inf,
+    -math.inf,
+    math.nan,
+    float.fromhex("0x1.fffffffffffffp+1023"),
+    "",
+    "ascii",
+    "é漢字🎉",
+    "\x00nul\x00",
+    "lone surrogates \ud800 \udfff",
+    "\U0010ffff",
+    b"",
+    b"\x00\xff" * 10,
+]
+NUMPY_SCALARS: list[Any] = [
+    np.int8(-5),
+    np.uint8(255),
+    np.int16(-300),
+    np.uint16(65535),
+    np.int32(-(2**31)),
+    np.uint32(2**32 - 1),
+    np.int64(-(2**63)),
+    np.uint64(2**64 - 1),
+    np.float16(1.5),
+    np.float32(-0.0),
+    np.float64(math.nan),
+    np.complex64(1 - 2j),
+    np.complex128(math.inf + 1j),
+    np.bool_(True),
+    np.bool_(False),
+    np.str_("héllo"),
+    np.bytes_(b"\x00ab"),
+]
+CONTAINERS: list[Any] = [
+    [],
+    (),
+    {},
+    [None],
+    (1,),
+    [1, (2, [3, {"a": None}])],
+    ((), [], {}),
+    [[[[]]]],
+    {"a": 1, 2: "b", None: [1.5], 2.5: (True, False), (1, "x"): b"y", "": {"nested": {"deep": [0]}}},
+    {True: 1, 0: 2},  # bool and int keys that differ (True == 1 but 0 is False-valued, not a clash)
+    [True, 1, 1.0, "1", b"1", None, np.int64(1), np.bool_(True)],
+]
+
+
+@pytest.mark.parametrize("value", SCALARS + NUMPY_SCALARS + CONTAINERS, ids=repr)
+def test_values_round_trip_exactly(value: Any) -> None:
+    assert same(roundtrip(value), value)
+
+
+def test_bool_is_not_int_and_tuple_is_not_list() -> None:
+    back = roundtrip([True, 1, (1,), [1]])
+    assert [type(x) for x in back] == [bool, int, tuple, list]
+    assert type(roundtrip(np.bool_(True))) is np.bool_
+
+
+def test_non_string_dict_keys_and_key_order_survive() -> None:
+    d = {3: "c", 1: "a", (2, 2): "b", "z": 0, None: None}
+    assert list(roundtrip(d)) == list(d)
+
+
+ARRAYS: list[np.ndarray] = [
+    np.arange(12, dtype=np.int64).reshape(3, 4),
+    np.arange(12, dtype=">i4").reshape(2, 6),  # big endian stays big endian
+    np.array([math.nan, -0.0, math.inf], dtype=np.float32),
+    np.array([1 + 2j, math.nan], dtype=np.complex128),
+    np.array([True, False]),
+    np.array(["a", "héllo", ""], dtype="<U5"),
+    np.array([b"a\x00", b"bc"], dtype="|S2"),
+    np.zeros((0,), dtype=np.float64),
+    np.zeros((2, 0, 3), dtype=np.uint8),
+    np.array(7, dtype=np.int16),  # 0-d
+    np.arange(20, dtype=np.float64)[::3],  # not contiguous
+    np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3)),
+    np.arange(4, dtype=np.float16),
+]
+
+
+@pytest.mark.parametrize("array", ARRAYS, ids=lambda a: f"{a.dtype.str}{a.shape}")
+def test_numpy_arrays_round_trip_exactly(array: np.ndarray) -> None:
+    back = roundtrip(array)
+    assert same(back, array)
+    assert back.flags.writeable
+    assert back.flags.c_contiguous
+
+
+TENSORS: list[torch.Tensor] = [
+    torch.arange(6, dtype=torch.float32).reshape(2, 3),
+    torch.tensor([1.5, -0.0, math.inf, math.nan], dtype=torch.bfloat16),
+    torch.tensor([1.0, 65504.0], dtype=torch.float16),
+    torch.tensor([True, False, True]),
+    torch.tensor([-128, 127], dtype=torch.int8),
+    torch.tensor([0, 255], dtype=torch.uint8),
+    torch.tensor([-(2**63), 2**63 - 1], dtype=torch.int64),
+    torch.tensor([1 + 1j], dtype=torch.complex64),
+    torch.zeros((0, 3), dtype=torch.bfloat16),
+    torch.zeros((0,), dtype=torch.bool),
+    torch.tensor(3.25),  # 0-d
+    torch.arange(12, dtype=torch.float64).reshape(3, 4).T,  # not contiguous
+    torch.ones(3, requires_grad=True),
+]
+
+
+@pytest.mark.parametrize("tensor", TENSORS, ids=lambda t: f"{t.dtype}{tuple(t.shape)}")
+def test_tensors_round_trip_exactly(tensor: torch.Tensor) -> None:
+    back = roundtrip(tensor)
+    assert same(back, tensor.detach().contiguous())
+    assert not back.requires_grad
+
+
+def test_unsupported_values_are_refused_with_a_hint() -> None:
+    class Opaque:
+        pass
+
+    for value in (
+        Opaque(),
+        {1, 2},
+        frozenset(),
+        1 + 2j,
+        bytearray(b"x"),
+        np.datetime64("2020-01-01"),
+        np.array([object()], dtype=object),
+        np.zeros(2, dtype=[("a", "<i4")]),
+        [1, [Opaque()]],
+    ):
+        with pytest.raises(UnsupportedTypeError, match=r"allow_pickle|not supported"):
+            encode_value(value, bytearray())
+    with pytest.raises(UnsupportedTypeError, match="4300 digits"):
+        encode_value(10**5000, bytearray())
+    if hasattr(torch, "float8_e4m3fn"):
+        with pytest.raises(UnsupportedTypeError):
+            encode_value(torch.zeros(2, dtype=torch.float8_e4m3fn), bytearray())
+
+
+def test_nesting_is_bounded_on_both_sides() -> None:
+    deep: Any = []
+    for _ in range(MAX_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(UnsupportedTypeError, match="nested"):
+        encode_value(deep, bytearray())
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(UnsupportedTypeError, match="self-referencing"):
+        encode_value(loop, bytearray())
+    ok: Any = []
+    for _ in range(MAX_DEPTH):
+        ok = [ok]
+    assert same(roundtrip(ok), ok)
+    # a hand-made payload nested deeper than the limit: list tag, count 1, ... (no recursion error)
+    payload = struct.pack("<BQ", 8, 1) * (MAX_DEPTH + 50) + b"\x00"
+    with pytest.raises(CodecError, match="nested"):
+        decode_value(payload)
+
+
+def test_trailing_bytes_are_an_error() -> None:
+    out = bytearray()
+    encode_value([1, 2], out)
+    with pytest.raises(CodecError, match="trailing"):
+        decode_value(bytes(out) + b"\x00")
+
+
+# --------------------------------------------------------------------------------------------- columns
+
+FAST_PATHS: list[tuple[str, Any, int, int]] = [
+    ("str", ["a", "", "héllo", "漢字", "\ud800x", "x" * 1000], C_LIST, E_STR),
+    ("str-ascii", ["a", "bb", ""], C_LIST, E_STR),
+    ("float", [0.5, -0.0, math.nan, math.inf, -math.inf, 5e-324], C_LIST, E_F64),
+    ("int", [0, -(2**63), 2**63 - 1, 7], C_LIST, E_I64),
+    ("bool", [True, False, True], C_LIST, E_BOOL),
+    ("token-ids", [[1, 2, 3], [], [-(2**63), 2**63 - 1], [5]], C_LIST, E_INTLISTS),
+    ("tuple-of-str", ("a", "b"), C_TUPLE, E_STR),
+    ("tuple-of-float", (1.0, 2.0), C_TUPLE, E_F64),
+    # fallbacks to one tagged value per sample
+    ("big-int", [1, 2**64], C_LIST, E_GENERIC),
+    ("int-and-bool", [1, True], C_LIST, E_GENERIC),
+    ("int-and-float", [1, 1.0], C_LIST, E_GENERIC),
+    ("ids-with-bool", [[1], [True]], C_LIST, E_GENERIC),
+    ("ids-with-big", [[1], [2**64]], C_LIST, E_GENERIC),
+    ("mixed", [None, "a", 1, [2.5, {"k": (1,)}], b"x"], C_LIST, E_GENERIC),
+    ("str-subclass", [np.str_("a"), np.str_("b")], C_LIST, E_GENERIC),
+    ("tensors", [torch.ones(2), torch.zeros(3, dtype=torch.int8)], C_LIST, E_GENERIC),
+    ("arrays", [np.ones(2), np.zeros((1, 2), dtype=np.uint8)], C_LIST, E_GENERIC),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "container", "encoding"), [c[1:] for c in FAST_PATHS], ids=[c[0] for c in FAST_PATHS]
+)
+def test_column_fast_paths_round_trip_exactly(values: Any, container: int, encoding: int) -> None:
+    enc, col = frame_roundtrip(values, container)
+    assert enc == encoding
+    assert same(list(col.values), list(values))
+
+
+@pytest.mark.parametrize("container", [C_LIST, C_TUPLE])
+def test_empty_columns_round_trip(container: int) -> None:
+    empty: Any = [] if container == C_LIST else ()
+    _enc, col = frame_roundtrip(empty, container)
+    assert list(col.values) == []
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        np.arange(12, dtype=np.int32).reshape(4, 3),
+        np.zeros((0, 5), dtype=np.float32),
+        np.array(["a", "bc"], dtype="<U2"),
+        torch.arange(8, dtype=torch.bfloat16).reshape(4, 2),
+        torch.zeros((0, 2), dtype=torch.float16),
+        torch.tensor([True, False]),
+    ],
+    ids=lambda c: f"{type(c).__name__}-{c.dtype}-{tuple(c.shape)}",
+)
+def test_array_and_tensor_columns_round_trip(column: Any) -> None:
+    container = C_TENSOR if isinstance(column, torch.Tensor) else C_NDARRAY
+    _, col = frame_roundtrip(column, container)
+    assert same(col.values, column)
+
+
+def test_object_ndarray_column_travels_per_element() -> None:
+    arr = np.empty(3, dtype=object)
+    arr[:] = ["a", 1, None]
+    enc, col = frame_roundtrip(arr, C_NDARRAY)
+    assert enc == E_GENERIC
+    assert col.values == ["a", 1, None]
+
+
+def test_frame_with_many_columns_meta_skip_and_drop() -> None:
+    class Opaque:
+        pass
+
+    cols = [
+        Column("a", C_LIST, ["x", "y"]),
+        Column("b", C_TENSOR, torch.ones(2, 2)),
+        Column("c", C_LIST, [Opaque(), Opaque()]),
+        Column("d", C_TUPLE, (1.5, None)),
+    ]
+    dropped: list[str] = []
+    meta = {"keys": ["r", 1], "logs": [("metric", "m", 1.0)]}
+    frame = bytes(encode_frame(cols, 2, meta=meta, droppable=frozenset({"c"}), dropped=dropped))
+    assert dropped == ["c"]
+    nrows, got, back_meta = decode_frame(frame)
+    assert nrows == 2
+    assert [c.name for c in got] == ["a", "b", "d"]
+    assert same(back_meta, meta)
+    assert same(got[1].values, torch.ones(2, 2))
+    assert got[2].values == [1.5, None]
+    _, got, _ = decode_frame(frame, skip=frozenset({"a", "b"}))
+    assert [c.name for c in got] == ["d"]
+    with pytest.raises(UnsupportedTypeError):  # not droppable: an error, never pickled
+        encode_frame(cols, 2)
+
+
+def test_frames_concatenate_8_byte_aligned() -> None:
+    a = encode_frame([Column("s", C_LIST, ["abc"])], 1)
+    b = encode_frame([Column("t", C_TENSOR, torch.ones(3, dtype=torch.float64))], 3, out=bytearray(a))
+    assert len(a) % 8 == 0
+    assert len(b) % 8 == 0
+    _, cols, _ = decode_frame(bytes(b[len(a) :]))
+    assert same(cols[0].values, torch.ones(3, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------------------------- no code on the wire
+
+RAN: list[str] = []
+
+
+def _side_effect(tag: str) -> str:
+    RAN.append(tag)
+    return tag
+
+
+class Exploit:
+    """Unpickling this runs ``_side_effect``: the shape of every pickle-based remote code execution."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        RAN.append("reduce")  # the sender side serializing it at all
+        return (_side_effect, ("unpickled",))
+
+
+def test_object_with_custom_reduce_is_refused_and_nothing_runs() -> None:
+    RAN.clear()
+    with pytest.raises(UnsupportedTypeError, match="allow_pickle=True") as info:
+        encode_value([1, Exploit()], bytearray())
+    assert "trusted clusters only" in str(info.value)
+    with pytest.raises(UnsupportedTypeError, match="allow_pickle"):
+        encode_frame([Column("x", C_LIST, [Exploit()])], 1)
+    assert RAN == []  # not even __reduce__ was called
+
+
+def test_pickled_payload_is_not_unpickled_without_opt_in() -> None:
+    RAN.clear()
+    out = bytearray()
+    encode_value({"obj": Exploit()}, out, allow_pickle=True)  # a sender that opted in (or a hostile one)
+    assert RAN == ["reduce"]
+    RAN.clear()
+    with pytest.raises(CodecError, match="allow_pickle is off"):
+        decode_value(bytes(out))
+    frame = encode_frame([Column("x", C_LIST, [Exploit()])], 1, allow_pickle=True)
+    with pytest.raises(CodecError, match="allow_pickle"):
+        decode_frame(bytes(frame))
+    # the raw pickle opcode stream, smuggled in as bytes, stays inert bytes
+    raw = pickle.dumps(Exploit())
+    assert roundtrip(raw) == raw
+    assert "unpickled" not in RAN
+    RAN.clear()
+    assert roundtrip({"obj": Exploit()}, allow_pickle=True) == {"obj": "unpickled"}  # the opt-in does run it
+    assert RAN == ["reduce", "unpickled"]
+
+
+class _ThreadHub:
+    """Two channels of barrier-based collectives shared by W threads (a minimal in-process transport)."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.barriers = [threading.Barrier(world_size) for _ in range(2)]
+        self.slots: list[list[Any]] = [[None] * world_size for _ in range(2)]
+
+    def exchange(self, rank: int, channel: int, item: Any, timeout: float) -> list[Any]:
+        self.slots[channel][rank] = item
+        self.barriers[channel].wait(timeout)
+        got = list(self.slots[channel])
+        self.barriers[channel].wait(timeout)
+        return got
+
+
+class _ThreadBackend:
+    def __init__(self, hub: _ThreadHub, rank: int) -> None:
+        self.hub, self.rank, self.world_size = hub, rank, hub.world_size
+
+    def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
+        return np.stack(self.hub.exchange(self.rank, channel, row.copy(), timeout))
+
+    def all_to_all(
+        self, send: np.ndarray, send_counts: Any, recv_counts: Any, *, channel: int, timeout: float
+    ) -> np.ndarray:
+        items = self.hub.exchange(self.rank, channel, (send.copy(), list(send_counts)), timeout)
+        parts = []
+        for buf, counts in items:
+            start = sum(counts[: self.rank])
+            parts.append(buf[start : start + counts[self.rank]])
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+
+
+def _on_threads(world_size: int, body: Any) -> list[Any]:
+    hub = _ThreadHub(world_size)
+    results: list[Any] = [None] * world_size
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = ("ok", body(rank, _ThreadBackend(hub, rank)))
+        except Exception as e:
+            results[rank] = (type(e).__name__, e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    return results
+
+
+def _echo(completions: Any, payload: Any) -> list[float]:
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("mode", ["main", "replicate", "shard"])
+def test_synced_call_refuses_exploit_on_every_rank_and_runs_nothing(mode: str) -> None:
+    """One rank passes an object with a custom ``__reduce__``: every rank raises, nothing is (un)pickled."""
+    RAN.clear()
+    extra = {"group_size": 1} if mode == "shard" else {}
+
+    def body(rank: int, backend: Any) -> Any:
+        fn = synced_reward(mode=mode, backend=backend, timeout=10, **extra)(_echo)
+        payload = [Exploit()] if rank == 1 else ["plain"]
+        return fn(["c"], payload)
+
+    results = _on_threads(3, body)
+    assert results[1][0] == "UnsupportedTypeError"
+    assert "allow_pickle=True" in str(results[1][1])
+    assert "trusted clusters only" in str(results[1][1])
+    for r in (0, 2):
+        kind, err = results[r]
+        assert kind == "RemoteError"
+        assert err.origin_rank == 1
+        assert err.exc_type == "syncreward.UnsupportedTypeError"
+    assert RAN == []
+    assert isinstance(results[0][1], syncreward.SyncRewardError)

@@ -1,0 +1,496 @@
+"""Fuzzing the decoder: random, mutated, truncated and absurd-size payloads only ever raise ``CodecError``.
+
+Never another exception, a crash, a hang, or an allocation sized by a declared length rather than by the
+bytes actually present. The same payloads also run in a subprocess under ``RLIMIT_AS`` (so a runaway
+allocation fails there instead of swapping the machine) that measures its peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from test_codec import same
+
+from syncreward import CodecError
+from syncreward._codec import (
+    C_LIST,
+    C_NDARRAY,
+    C_TENSOR,
+    C_TUPLE,
+    E_GENERIC,
+    E_INTLISTS,
+    E_STR,
+    MAGIC,
+    T_ARRAY,
+    T_BIGINT,
+    T_BYTES,
+    T_DICT,
+    T_LIST,
+    T_NPSCALAR,
+    T_PICKLE,
+    T_STR,
+    T_TENSOR,
+    Column,
+    decode_frame,
+    decode_value,
+    encode_frame,
+    encode_value,
+)
+
+FUZZ = settings(
+    max_examples=int(os.environ.get("SYNCREWARD_FUZZ_EXAMPLES", "300")),  # raise it for a deep local run
+    deadline=timedelta(seconds=5),  # a decode that takes seconds on a small buffer is a hang in the making
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    database=None,
+)
+
+# --------------------------------------------------------------------------------------------- strategies
+
+NP_DTYPES = ["<i1", "<u1", "<i2", "<u2", "<i4", ">i4", "<i8", "<u8", "<f2", "<f4", "<f8", ">f8", "<c8", "|b1"]
+TORCH_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+]
+
+
+def np_arrays(min_dims: int = 0) -> st.SearchStrategy[np.ndarray]:
+    return hnp.arrays(
+        dtype=st.sampled_from(NP_DTYPES).map(np.dtype) | st.sampled_from(["<U3", "|S2"]).map(np.dtype),
+        shape=hnp.array_shapes(min_dims=min_dims, max_dims=3, min_side=0, max_side=4),
+    )
+
+
+def tensors(min_dims: int = 0) -> st.SearchStrategy[torch.Tensor]:
+    return st.tuples(
+        hnp.arrays(
+            np.float64,
+            hnp.array_shapes(min_dims=min_dims, max_dims=3, min_side=0, max_side=4),
+            elements=st.floats(-1e4, 1e4, width=32),
+        ),
+        st.sampled_from(TORCH_DTYPES),
+    ).map(lambda p: torch.from_numpy(p[0]).to(p[1]))
+
+
+np_scalars = st.tuples(
+    st.integers(0, 120), st.sampled_from([np.int8, np.uint16, np.int64, np.float32, np.float64, np.bool_])
+).map(lambda p: p[1](p[0]))
+leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-(2**80), 2**80),
+    st.floats(),
+    st.text(max_size=10),
+    st.binary(max_size=10),
+    np_scalars,
+    np_arrays(),
+    tensors(),
+)
+values = st.recursive(
+    leaves,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.one_of(st.text(max_size=4), st.integers(-5, 5), st.none()), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> bytes:
+    """A valid frame: a few columns of one of the fast-path or generic shapes, and maybe meta."""
+    n = draw(st.integers(0, 6))
+    kinds = draw(
+        st.lists(
+            st.sampled_from(["str", "float", "int", "bool", "ids", "generic", "array", "tensor", "tuple"]), max_size=4
+        )
+    )
+    cols = []
+    for i, kind in enumerate(kinds):
+        name = f"c{i}" + draw(st.text(max_size=3))
+        if kind == "str":
+            cols.append(Column(name, C_LIST, draw(st.lists(st.text(max_size=6), min_size=n, max_size=n))))
+        elif kind == "float":
+            cols.append(Column(name, C_LIST, draw(st.lists(st.floats(), min_size=n, max_size=n))))
+        elif kind == "int":
+            cols.append(Column(name, C_LIST, draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n))))
+        elif kind == "bool":
+            cols.append(Column(name, C_LIST, draw(st.lists(st.booleans(), min_size=n, max_size=n))))
+        elif kind == "ids":
+            ids = st.lists(st.integers(-(2**63), 2**63 - 1), max_size=5)
+            cols.append(Column(name, C_LIST, draw(st.lists(ids, min_size=n, max_size=n))))
+        elif kind == "generic":
+            cols.append(Column(name, C_LIST, draw(st.lists(values, min_size=n, max_size=n))))
+        elif kind == "tuple":
+            cols.append(Column(name, C_TUPLE, tuple(draw(st.lists(st.text(max_size=3), min_size=n, max_size=n)))))
+        elif kind == "array":
+            a = draw(hnp.arrays(st.sampled_from(NP_DTYPES).map(np.dtype), st.tuples(st.just(n), st.integers(0, 3))))
+            cols.append(Column(name, C_NDARRAY, a))
+        else:
+            t = torch.arange(n * 2, dtype=torch.float64).reshape(n, 2).to(draw(st.sampled_from(TORCH_DTYPES)))
+            cols.append(Column(name, C_TENSOR, t))
+    meta = draw(st.none() | values)
+    return bytes(encode_frame(cols, n, meta=meta))
+
+
+def encode(value: Any) -> bytes:
+    out = bytearray()
+    encode_value(value, out)
+    return bytes(out)
+
+
+ABSURD_U64 = [2**64 - 1, 2**63, 2**63 - 1, 2**62, 2**40, 2**32 + 7, 10**12]
+ABSURD_U32 = [2**32 - 1, 2**31, 2**24]
+
+
+@st.composite
+def mutations(draw: st.DrawFn, payload: bytes) -> bytes:
+    """Flip, overwrite with an absurd size, insert, delete or truncate -- a few times."""
+    buf = bytearray(payload)
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(["flip", "u64", "u32", "byte", "insert", "delete", "truncate"]))
+        pos = draw(st.integers(0, max(len(buf) - 1, 0)))
+        if op == "flip" and buf:
+            buf[pos] ^= 1 << draw(st.integers(0, 7))
+        elif op == "u64":
+            buf[pos : pos + 8] = struct.pack("<Q", draw(st.sampled_from(ABSURD_U64)))
+        elif op == "u32":
+            buf[pos : pos + 4] = struct.pack("<I", draw(st.sampled_from(ABSURD_U32)))
+        elif op == "byte" and buf:
+            buf[pos] = draw(st.integers(0, 255))
+        elif op == "insert":
+            buf[pos:pos] = draw(st.binary(min_size=1, max_size=9))
+        elif op == "delete":
+            del buf[pos : pos + draw(st.integers(1, 9))]
+        elif op == "truncate":
+            del buf[pos:]
+    return bytes(buf)
+
+
+def only_codec_errors(decode: Callable[[bytes], Any], payload: bytes) -> str:
+    """Decode; return "ok" or "codec-error". Any other exception fails the test (with the payload)."""
+    try:
+        decode(payload)
+    except CodecError as e:
+        # a MemoryError turned into a CodecError would mean an allocation was attempted from a declared size
+        assert not isinstance(e.__context__, MemoryError), payload.hex()  # noqa: PT017
+        return "codec-error"
+    except BaseException as e:
+        raise AssertionError(f"{type(e).__name__}: {e} escaped the decoder for payload {payload.hex()}") from e
+    return "ok"
+
+
+# --------------------------------------------------------------------------------------------- random and mutated
+
+
+@FUZZ
+@given(st.binary(max_size=600))
+def test_random_bytes_into_decode_value(payload: bytes) -> None:
+    only_codec_errors(decode_value, payload)
+
+
+@FUZZ
+@given(st.integers(0, 20), st.binary(max_size=300))
+def test_random_bytes_behind_every_tag(tag: int, rest: bytes) -> None:
+    only_codec_errors(decode_value, bytes([tag]) + rest)
+
+
+@FUZZ
+@given(st.binary(max_size=600))
+def test_random_bytes_into_decode_frame(rest: bytes) -> None:
+    only_codec_errors(decode_frame, MAGIC + rest)  # past the magic, or nothing gets tested
+
+
+@FUZZ
+@given(values)
+def test_random_values_round_trip_exactly(value: Any) -> None:
+    back = decode_value(encode(value))
+    want = value
+    if isinstance(value, torch.Tensor):
+        want = value.contiguous()
+    assert same(back, want)
+
+
+@FUZZ
+@given(st.data())
+def test_mutated_values_raise_only_codec_errors(data: st.DataObject) -> None:
+    payload = encode(data.draw(values))
+    only_codec_errors(decode_value, data.draw(mutations(payload)))
+
+
+@FUZZ
+@given(st.data())
+def test_valid_frames_round_trip_and_mutated_frames_raise_only_codec_errors(data: st.DataObject) -> None:
+    payload = data.draw(frames())
+    nrows, cols, _ = decode_frame(payload)
+    assert all(len(c.values) == nrows for c in cols)
+    only_codec_errors(decode_frame, data.draw(mutations(payload)))
+
+
+# --------------------------------------------------------------------------------------------- truncation
+
+REPRESENTATIVE_VALUES: list[Any] = [
+    None,
+    7,
+    -(2**70),
+    1.5,
+    "héllo",
+    b"\x00\x01",
+    [1, "a", None],
+    (1.5, (2,)),
+    {"k": [1, {"j": b"x"}]},
+    np.int16(3),
+    np.arange(6, dtype=np.float32).reshape(2, 3),
+    torch.ones(2, 2, dtype=torch.bfloat16),
+]
+
+
+def representative_frames() -> list[bytes]:
+    n = 3
+    cols = [
+        Column("s", C_LIST, ["a", "héllo", ""]),
+        Column("f", C_LIST, [1.0, float("nan"), -0.0]),
+        Column("i", C_LIST, [1, 2, 3]),
+        Column("b", C_LIST, [True, False, True]),
+        Column("ids", C_LIST, [[1, 2], [], [3]]),
+        Column("g", C_LIST, [None, {"a": 1}, (2,)]),
+        Column("t", C_TUPLE, ("x", "y", "z")),
+        Column("a", C_NDARRAY, np.arange(6, dtype=np.int32).reshape(3, 2)),
+        Column("x", C_TENSOR, torch.ones(3, 2)),
+    ]
+    return [bytes(encode_frame([c], n)) for c in cols] + [bytes(encode_frame(cols, n, meta={"keys": ["a"]}))]
+
+
+def test_every_truncation_of_a_valid_payload_is_a_codec_error() -> None:
+    cases = [(decode_value, encode(v)) for v in REPRESENTATIVE_VALUES]
+    cases += [(decode_frame, f) for f in representative_frames()]
+    for decode, payload in cases:
+        decode(payload)  # the whole payload is valid
+        for cut in range(len(payload)):
+            with pytest.raises(CodecError):
+                decode(payload[:cut])
+        for junk in (b"\x00", b"\x00" * 8, b"\xff" * 3):
+            with pytest.raises(CodecError):
+                decode(payload + junk)
+
+
+# --------------------------------------------------------------------------------------------- absurd sizes
+
+
+def _u64(v: int) -> bytes:
+    return struct.pack("<Q", v)
+
+
+def _pad(b: bytes) -> bytes:
+    return b + bytes(-len(b) % 8)
+
+
+def _frame(ncols: int, nrows: int, name: bytes, container: int, enc: int, body_len: int, body: bytes) -> bytes:
+    head = (
+        MAGIC + struct.pack("<I", ncols) + _u64(nrows) + struct.pack("<I", len(name)) + name + bytes([container, enc])
+    )
+    return _pad(_pad(head) + _u64(body_len) + body) + b"\x00"
+
+
+def absurd_payloads() -> list[tuple[str, Callable[[bytes], Any], bytes]]:
+    """Hand-made payloads whose declared sizes would need terabytes if believed."""
+    huge = 2**64 - 1
+    cases: list[tuple[str, Callable[[bytes], Any], bytes]] = []
+    for v in (huge, 2**63, 2**40):
+        cases += [
+            (f"list of {v} items", decode_value, bytes([T_LIST]) + _u64(v) + b"\x00" * 16),
+            (f"dict of {v} items", decode_value, bytes([T_DICT]) + _u64(v) + b"\x00" * 16),
+            (f"str of {v} bytes", decode_value, bytes([T_STR]) + _u64(v) + b"abc"),
+            (f"bytes of {v}", decode_value, bytes([T_BYTES]) + _u64(v) + b"abc"),
+            (f"bigint of {v} digits", decode_value, bytes([T_BIGINT]) + _u64(v) + b"123"),
+            (f"pickle of {v} bytes", decode_value, bytes([T_PICKLE]) + _u64(v) + b"\x80"),
+        ]
+    for shape in [(2**32, 2**32), (2**63,), (huge,), (0, huge), (0, 2**62, 2**62), (2**21,) * 3]:
+        for tag, dtype in ((T_ARRAY, b"<f8"), (T_TENSOR, b"float64"), (T_TENSOR, b"bool")):
+            header = bytes([tag, len(dtype)]) + dtype + bytes([len(shape)]) + b"".join(_u64(s) for s in shape)
+            cases.append(
+                (
+                    f"{'array' if tag == T_ARRAY else 'tensor'} {dtype.decode()} {shape}",
+                    decode_value,
+                    _pad(header) + b"\x00" * 8,
+                )
+            )
+    cases += [
+        ("array with 255 dims", decode_value, bytes([T_ARRAY, 3]) + b"<f8" + bytes([255]) + _u64(1) * 255),
+        ("scalar <U999999", decode_value, bytes([T_NPSCALAR, 8]) + b"<U999999" + b"\x00" * 8),
+        ("scalar |S999999", decode_value, bytes([T_NPSCALAR, 8]) + b"|S999999" + b"\x00" * 8),
+        ("array <U999999 x 2**30", decode_value, _pad(bytes([T_ARRAY, 8]) + b"<U999999" + bytes([1]) + _u64(2**30))),
+        ("frame with 2**32-1 columns", decode_frame, MAGIC + struct.pack("<I", 2**32 - 1) + _u64(1) + b"\x00" * 64),
+        (
+            "frame column name of 2**32-1 bytes",
+            decode_frame,
+            _frame(1, 1, b"", C_LIST, E_GENERIC, 8, b"")[:16] + struct.pack("<I", 2**32 - 1) + b"abc",
+        ),
+        ("column body of 2**64-1 bytes", decode_frame, _frame(1, 1, b"a", C_LIST, E_GENERIC, huge, b"\x00" * 8)),
+        (
+            "generic column of 2**63 rows",
+            decode_frame,
+            _frame(1, 2**63, b"a", C_LIST, E_GENERIC, 16, _u64(2**63) + b"\x00" * 8),
+        ),
+        ("str column of 2**60 rows", decode_frame, _frame(1, 2**60, b"a", C_LIST, E_STR, 16, _u64(2**60) + _u64(5))),
+        (
+            "str column, row of 2**62 bytes",
+            decode_frame,
+            _frame(1, 1, b"a", C_LIST, E_STR, 24, _u64(1) + _u64(2**62) + b"abcdefgh"),
+        ),
+        (
+            "str column, lengths summing past 2**64",
+            decode_frame,
+            _frame(1, 4, b"a", C_LIST, E_STR, 40, _u64(4) + _u64(2**62) * 4),
+        ),
+        (
+            "token ids, 2**61 ids declared",
+            decode_frame,
+            _frame(1, 1, b"a", C_LIST, E_INTLISTS, 16, _u64(1) + _u64(2**61)),
+        ),
+        (
+            "token ids, negative length",
+            decode_frame,
+            _frame(1, 2, b"a", C_LIST, E_INTLISTS, 24, _u64(2) + _u64(2**64 - 1) + _u64(2)),
+        ),
+        ("frame nrows 2**64-1, no columns", decode_frame, MAGIC + struct.pack("<I", 0) + _u64(huge) + b"\x00" * 8),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize(("name", "decode", "payload"), absurd_payloads(), ids=[c[0] for c in absurd_payloads()])
+def test_absurd_declared_sizes_are_refused_without_allocating(
+    name: str, decode: Callable[[bytes], Any], payload: bytes
+) -> None:
+    tracemalloc.start()
+    try:
+        t0 = time.perf_counter()
+        outcome = only_codec_errors(decode, payload)
+        seconds = time.perf_counter() - t0
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # "ok" is allowed only for a frame with no columns (nothing is allocated from its nrows)
+    assert outcome == "codec-error" or name.startswith("frame nrows"), name
+    assert peak < 1 << 20, f"{name}: {peak} bytes allocated"
+    assert seconds < 1.0, f"{name}: took {seconds:.2f}s"
+
+
+def _size_field_sweep() -> Iterator[tuple[Callable[[bytes], Any], bytes]]:
+    """Every valid representative payload with an absurd u64/u32 written over every offset."""
+    cases = [(decode_value, encode(v)) for v in REPRESENTATIVE_VALUES]
+    cases += [(decode_frame, f) for f in representative_frames()]
+    for decode, payload in cases:
+        for pos in range(len(payload)):
+            for v in (2**64 - 1, 2**62, 2**33):
+                yield decode, payload[:pos] + _u64(v) + payload[pos + 8 :]
+            yield decode, payload[:pos] + struct.pack("<I", 2**32 - 1) + payload[pos + 4 :]
+
+
+def test_absurd_size_at_every_offset_of_valid_payloads() -> None:
+    tracemalloc.start()
+    try:
+        t0 = time.perf_counter()
+        count = 0
+        for decode, payload in _size_field_sweep():
+            only_codec_errors(decode, payload)
+            count += 1
+        seconds = time.perf_counter() - t0
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count > 5000
+    assert peak < 4 << 20, f"{peak} bytes allocated"
+    assert seconds < 60
+
+
+_SUBPROCESS = textwrap.dedent(
+    """
+    import json, os, resource, sys
+    sys.path.insert(0, {tests!r})
+    import test_codec_fuzz as fz
+
+    def vm_bytes():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+
+    limit = vm_bytes() + (1 << 30)  # 1 GiB above what the interpreter, numpy and torch map already
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    outcomes = {{}}
+    for name, decode, payload in fz.absurd_payloads():
+        outcomes[name] = fz.only_codec_errors(decode, payload)
+    swept = sum(1 for decode, payload in fz._size_field_sweep() if fz.only_codec_errors(decode, payload))
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({{"outcomes": outcomes, "swept": swept, "rss_growth_kb": after - before}}))
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux")
+def test_absurd_sizes_under_an_address_space_limit() -> None:
+    """Under RLIMIT_AS a decode that believed a declared size would die or raise MemoryError; neither happens."""
+    code = _SUBPROCESS.format(tests=os.path.dirname(__file__))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["swept"] > 5000
+    assert all(v == "codec-error" for k, v in report["outcomes"].items() if not k.startswith("frame nrows"))
+    assert report["rss_growth_kb"] < 64 * 1024, report["rss_growth_kb"]
+
+
+# a couple of pinned regressions: payloads that used to let TypeError out of the decoder
+@example(bytes([T_NPSCALAR, 3]) + b"<i3" + b"\x00" * 3)
+@example(_pad(bytes([T_ARRAY, 3]) + b"<f3" + bytes([1]) + _u64(1)) + b"\x00" * 8)
+@example(_pad(bytes([T_TENSOR, 5]) + b"int64" + bytes([2]) + _u64(0) + _u64(2**64 - 1)))
+@FUZZ
+@given(st.binary(max_size=64))
+def test_pinned_regressions(payload: bytes) -> None:
+    only_codec_errors(decode_value, payload)
+
+
+def test_zero_dim_and_mismatched_column_bodies_are_codec_errors() -> None:
+    from syncreward._codec import E_ARRAY, E_TENSOR, _encode_ndarray, _encode_tensor
+
+    def frame_with(container: int, enc: int, body: bytearray) -> bytes:
+        return _frame(1, 1, b"a", container, enc, len(body), bytes(body))
+
+    body = bytearray()
+    _encode_ndarray(np.array(5), body)
+    with pytest.raises(CodecError, match="batch dimension"):
+        decode_frame(frame_with(C_NDARRAY, E_ARRAY, body))
+    body = bytearray()
+    _encode_tensor(torch.tensor(5), body)
+    with pytest.raises(CodecError, match="batch dimension"):
+        decode_frame(frame_with(C_TENSOR, E_TENSOR, body))
+    body = bytearray()
+    _encode_tensor(torch.tensor([5]), body)
+    with pytest.raises(CodecError, match="does not fit"):
+        decode_frame(frame_with(C_LIST, E_TENSOR, body))
+    with pytest.raises(CodecError, match="does not fit"):
+        decode_frame(frame_with(C_TENSOR, E_STR, bytearray(_u64(0))))
