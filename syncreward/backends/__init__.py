@@ -3,12 +3,16 @@
 ``backend="auto"`` (the default) resolves *at call time*, in this order:
 
 1. an explicit backend object or name passed to ``synced_reward`` (``"local"``, ``"torch"``,
-   ``"accelerate"``);
-2. ``"accelerate"`` if accelerate's ``PartialState`` is initialised with more than one process;
-3. ``"torch"`` if ``torch.distributed`` is initialised;
-4. an error if the environment says this is one of several processes (``WORLD_SIZE`` > 1) but nothing
+   ``"accelerate"``, ``"ray"``);
+2. ``"ray"`` if this process joined exactly one Ray group with ``syncreward.backends.ray.join()``.
+   Being inside a Ray actor is never enough on its own (the group, rank and size are unknown until
+   ``join()``); and if ``torch.distributed`` (or accelerate) is *also* initialised -- e.g. under Ray
+   Train -- auto refuses to guess and asks for ``backend="ray"`` or ``backend="torch"``;
+3. ``"accelerate"`` if accelerate's ``PartialState`` is initialised with more than one process;
+4. ``"torch"`` if ``torch.distributed`` is initialised;
+5. an error if the environment says this is one of several processes (``WORLD_SIZE`` > 1) but nothing
    is initialised -- scoring each rank alone would silently give wrong rewards;
-5. ``"local"``: a single process.
+6. ``"local"``: a single process.
 """
 
 from __future__ import annotations
@@ -53,6 +57,11 @@ def _cached(kind: str, process_group: Any, make: Any) -> Any:
     return backend
 
 
+def _ray_joined() -> list[Any]:
+    mod = sys.modules.get("syncreward.backends.ray")
+    return [] if mod is None else mod.joined_backends()  # type: ignore[no-any-return]
+
+
 def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
     """Return the backend a synced call uses, following the documented order.
 
@@ -65,8 +74,17 @@ def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
             raise BackendError(f"backend={spec!r} is neither a backend name nor an object with the Backend protocol")
         return spec
     if spec == "auto":
+        ray_groups = _ray_joined() if process_group is None else []
         if process_group is not None:
             spec = "torch"
+        elif ray_groups:
+            if _accelerate_active() or _torch_active():
+                raise BackendError(
+                    "this process joined a Ray group and torch.distributed is initialised too (e.g. under Ray "
+                    "Train), so backend='auto' is ambiguous. HINT: pass backend='ray' to sync over the Ray group, "
+                    "or backend='torch' to sync over the torch.distributed job."
+                )
+            spec = "ray"
         elif _accelerate_active():
             spec = "accelerate"
         elif _torch_active():
@@ -97,4 +115,12 @@ def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
         if not _torch_active():
             return accelerate_backend()  # type: ignore[return-value]
         return _cached("accelerate", None, accelerate_backend)  # type: ignore[no-any-return]
-    raise BackendError(f"unknown backend {spec!r}; expected 'auto', 'local', 'torch', 'accelerate' or a Backend object")
+    if spec == "ray":
+        if process_group is not None:
+            raise BackendError("process_group= goes with backend='torch', not 'ray'")
+        from .ray import current_backend
+
+        return current_backend()
+    raise BackendError(
+        f"unknown backend {spec!r}; expected 'auto', 'local', 'torch', 'accelerate', 'ray' or a Backend object"
+    )

@@ -1,0 +1,635 @@
+"""The Ray backend: ranks are Ray actors (or tasks) in a named group of known size.
+
+Each member calls :func:`join` once with the group's name, its rank and the group's size, then makes
+synced calls with ``backend="ray"`` (or passes the returned backend object)::
+
+    from syncreward.backends.ray import join
+
+    @ray.remote
+    class Worker:
+        def __init__(self, rank, world_size):
+            join("rewards", rank, world_size)
+
+        def step(self, completions):
+            return my_synced_reward(completions)   # @synced_reward(backend="ray")
+
+Mechanism. The group's traffic goes through one *coordinator*: an async, named Ray actor
+(``syncreward:<group>:<job id>`` in namespace ``syncreward``, created race-free with
+``get_if_exists=True`` by whichever member joins first; ``num_cpus=0``; it never imports syncreward or
+torch, so it is small and quick to start). Every collective is one actor call per member: the member
+sends its bytes and gets back, in one reply, exactly the bytes addressed to it. The coordinator keeps a
+slot per (channel, operation index); a slot holds the members' submissions until all have arrived,
+hands every member its part, and is dropped once every member has taken it. Because the coordinator is
+async, a waiting member costs it nothing, and channels 0 and 1 are independent slots, so interleaved
+operations of concurrent ``async`` synced calls never block each other.
+
+Only bytes travel: the int64 header rows and the uint8 buffers produced by syncreward's codec, as
+``bytes`` objects (or, from 1 MiB, as flat uint8 numpy arrays, which Ray moves through its object store
+without copies). Ray serialises those without running any user code, and the codec never runs code
+from a payload unless ``allow_pickle=True``.
+
+Failures:
+
+* a member that does not arrive within ``timeout``: the coordinator knows exactly who has submitted,
+  so every waiting member raises :class:`~syncreward.SyncTimeoutError` naming the missing ranks;
+* a member actor that dies: the coordinator keeps one outstanding no-op call (``__ray_ready__``) per
+  member actor on a weak handle; Ray fails it as soon as the actor is dead, and every waiting member
+  raises :class:`~syncreward.CommunicationError` at once. Members that are not actors (tasks, a driver)
+  send a heartbeat every few seconds instead and count as dead after a minute of silence;
+* the coordinator itself dies: the members' pending calls fail, and they raise ``CommunicationError``;
+* every later call on a member after any of these raises :class:`~syncreward.GroupBrokenError`, and
+  so does a late member arriving at a group that has already broken.
+
+The coordinator is *detached* (so it does not die with whichever member created it), and removes
+itself once no member has been joined for a few seconds: members :meth:`RayBackend.leave`, die, or
+the job ends (its actors die with the driver). :func:`destroy` removes it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+try:
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayError
+except ImportError as e:  # pragma: no cover - exercised only without ray
+    raise ImportError("backend='ray' needs the ray package. HINT: pip install 'syncreward[ray]'") from e
+
+from .._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError
+
+__all__ = ["RayBackend", "current_backend", "destroy", "join", "joined_backends"]
+
+log = logging.getLogger(__name__)
+
+_HEARTBEAT_S = 2.0  # how often a member that is not an actor tells the coordinator it is alive
+_HEARTBEAT_DEAD_S = 60.0  # silence after which such a member counts as dead
+_PROBE_S = 1.0  # pause between liveness probes of a member actor (one probe is always outstanding)
+_LINGER_S = 10.0  # the coordinator removes itself after this long with no joined member
+_REPLY_MARGIN_S = 30.0  # a member waits this much longer than ``timeout`` for the coordinator's reply
+_JOIN_TIMEOUT_S = 120.0
+_ZERO_COPY_BYTES = 1 << 20  # buffers this large travel as uint8 arrays, which Ray passes zero-copy
+
+GATHER, ALL_TO_ALL = 0, 1
+OK, TIMEOUT, FAILED, BROKEN, ERROR = "ok", "timeout", "failed", "broken", "error"
+
+
+_NAMESPACE = "syncreward"  # a named namespace: detached actors in a job's anonymous one draw a warning
+
+
+def _actor_name(group: str) -> str:
+    return f"syncreward:{group}:{ray.get_runtime_context().get_job_id()}"
+
+
+# ============================================================================================ coordinator
+
+
+def _make_coordinator_class() -> Any:
+    """Define the coordinator's classes.
+
+    They are defined in this function, and reference only the standard library and ``ray``, so that Ray
+    ships them to the coordinator's process *by value*: that process never imports syncreward (nor
+    torch), which keeps it small and quick to start.
+    """
+    zero_copy_bytes = _ZERO_COPY_BYTES
+    defaults = {"heartbeat_dead_s": _HEARTBEAT_DEAD_S, "probe_s": _PROBE_S, "linger_s": _LINGER_S}
+
+    class _Member:
+        __slots__ = ("actor", "last_seen", "probe", "state", "token")
+
+        def __init__(self, token: str, actor: Any) -> None:
+            self.token = token
+            self.actor = actor  # weak handle of the member actor, or None for tasks / drivers
+            self.last_seen = time.monotonic()
+            self.state = "live"  # live | left | dead
+            self.probe: asyncio.Task[None] | None = None
+
+    class _Slot:
+        """The submissions of one collective (one channel, one operation index)."""
+
+        __slots__ = ("arrived", "event", "failure", "gathered", "kind", "offsets", "parts", "taken")
+
+        def __init__(self, kind: int, world_size: int) -> None:
+            self.kind = kind
+            self.parts: list[Any] = [None] * world_size  # bytes, or a uint8 array when large
+            self.offsets: list[list[int] | None] = [None] * world_size
+            self.arrived = 0
+            self.taken = 0
+            self.event = asyncio.Event()
+            self.failure: tuple[str, Any] | None = None
+            self.gathered: bytes | None = None
+
+    class _Coordinator:
+        """The group's meeting point (runs as an async Ray actor; see the module docstring)."""
+
+        def __init__(self, group: str, world_size: int, settings: dict[str, float]) -> None:
+            self.group = group
+            self.world_size = world_size
+            settings = {**defaults, **settings}
+            self.heartbeat_dead_s = settings["heartbeat_dead_s"]
+            self.probe_s = settings["probe_s"]
+            self.linger_s = settings["linger_s"]
+            self.members: dict[int, _Member] = {}
+            self.counters = [[0] * world_size, [0] * world_size]
+            self.slots: dict[tuple[int, int], _Slot] = {}
+            self.broken: str | None = None
+            self.idle_since = time.monotonic()
+            self.watchdog: asyncio.Task[None] | None = None
+
+        # ------------------------------------------------------------------------------------ membership
+
+        async def register(self, rank: int, world_size: int, token: str, actor: Any) -> tuple[str, str]:
+            if self.watchdog is None:
+                self.watchdog = asyncio.get_running_loop().create_task(self._watch())
+            if world_size != self.world_size:
+                return ERROR, f"group {self.group!r} has world_size {self.world_size}, not {world_size}"
+            if not 0 <= rank < self.world_size:
+                return ERROR, f"rank {rank} is outside group {self.group!r} of world_size {self.world_size}"
+            if self.broken is not None:
+                return BROKEN, self.broken
+            old = self.members.get(rank)
+            if old is not None and old.state == "live":
+                if old.token == token:
+                    return OK, ""
+                return ERROR, f"rank {rank} of group {self.group!r} is already joined by another live member"
+            member = self.members[rank] = _Member(token, actor)
+            if actor is not None:
+                member.probe = asyncio.get_running_loop().create_task(self._probe(rank, member))
+            self.idle_since = time.monotonic()
+            return OK, ""
+
+        async def leave(self, rank: int, token: str) -> None:
+            member = self.members.get(rank)
+            if member is not None and member.token == token and member.state == "live":
+                member.state = "left"
+                self._forget(member)
+
+        async def heartbeat(self, rank: int, token: str) -> None:
+            member = self.members.get(rank)
+            if member is not None and member.token == token:
+                member.last_seen = time.monotonic()
+
+        async def info(self) -> dict[str, Any]:
+            return {
+                "group": self.group,
+                "world_size": self.world_size,
+                "members": {r: m.state for r, m in sorted(self.members.items())},
+                "pending_slots": len(self.slots),
+                "broken": self.broken,
+                "pid": os.getpid(),
+            }
+
+        def _forget(self, member: _Member) -> None:
+            member.actor = None
+            if member.probe is not None:
+                member.probe.cancel()
+                member.probe = None
+
+        def _died(self, rank: int, why: str) -> None:
+            member = self.members[rank]
+            if member.state != "live":
+                return
+            member.state = "dead"
+            self._forget(member)
+            self._break(f"rank {rank} of group {self.group!r} died ({why})", FAILED)
+
+        async def _probe(self, rank: int, member: _Member) -> None:
+            unavailable = 0
+            while member.state == "live" and member.actor is not None:
+                try:
+                    await member.actor.__ray_ready__.remote()
+                    unavailable = 0
+                except asyncio.CancelledError:
+                    raise
+                except RayActorError as e:
+                    if type(e).__name__ == "ActorUnavailableError":  # restarting or briefly unreachable
+                        unavailable += 1
+                        if unavailable < 3:
+                            await asyncio.sleep(self.probe_s)
+                            continue
+                    self._died(rank, f"its actor died: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+                    return
+                except Exception as e:  # pragma: no cover - unexpected; do not let the probe spin
+                    self._died(rank, f"liveness probe failed: {type(e).__name__}")
+                    return
+                await asyncio.sleep(self.probe_s)
+
+        async def _watch(self) -> None:
+            while True:
+                await asyncio.sleep(0.25)
+                now = time.monotonic()
+                for rank, member in list(self.members.items()):
+                    silent = now - member.last_seen > self.heartbeat_dead_s
+                    if member.state == "live" and member.actor is None and silent:
+                        self._died(rank, f"no heartbeat for {self.heartbeat_dead_s:.0f}s")
+                if self.slots or any(m.state == "live" for m in self.members.values()):
+                    self.idle_since = now
+                elif now - self.idle_since > self.linger_s:
+                    ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+                    return
+
+        # ------------------------------------------------------------------------------------ collectives
+
+        def _break(self, reason: str, status: str, missing_of: Any = None) -> None:
+            """Fail every incomplete slot (waking its waiters) and refuse every later operation."""
+            if self.broken is None:
+                self.broken = reason
+            for key, slot in list(self.slots.items()):
+                if slot.arrived < self.world_size:
+                    if missing_of is not None:
+                        missing = [r for r in range(self.world_size) if slot.parts[r] is None]
+                        slot.failure = (status, (missing, reason))
+                    else:
+                        slot.failure = (status, reason)
+                    slot.parts = [None] * self.world_size
+                    slot.event.set()
+                    del self.slots[key]
+
+        async def exchange(
+            self, rank: int, token: str, channel: int, kind: int, payload: Any, counts: Sequence[int] | None,
+            timeout: float,
+        ) -> tuple[str, Any]:
+            member = self.members.get(rank)
+            if member is None or member.token != token or member.state != "live":
+                return ERROR, f"rank {rank} is not a joined member of group {self.group!r} (it left, or was replaced)"
+            member.last_seen = time.monotonic()
+            if self.broken is not None:
+                return BROKEN, self.broken
+            index = self.counters[channel][rank]
+            self.counters[channel][rank] = index + 1
+            key = (channel, index)
+            slot = self.slots.get(key)
+            if slot is None:
+                slot = self.slots[key] = _Slot(kind, self.world_size)
+            if slot.kind != kind:
+                self._break(f"ranks made different collectives at channel {channel} operation {index}", FAILED)
+                return ERROR, self.broken
+            slot.parts[rank] = payload
+            if counts is not None:
+                slot.offsets[rank] = [0, *itertools.accumulate(counts)]
+            slot.arrived += 1
+            if slot.arrived == self.world_size:
+                slot.event.set()
+            else:
+                try:
+                    await asyncio.wait_for(slot.event.wait(), timeout if timeout < 1e9 else None)
+                except asyncio.TimeoutError:
+                    if not slot.event.is_set():
+                        missing = [r for r in range(self.world_size) if slot.parts[r] is None]
+                        self._break(
+                            f"rank(s) {missing} of group {self.group!r} did not reach channel {channel} operation "
+                            f"{index} within {timeout:.1f}s",
+                            TIMEOUT,
+                            missing_of=True,
+                        )
+            if slot.failure is not None:
+                return slot.failure
+            out = self._take(slot, rank)
+            slot.taken += 1
+            if slot.taken == self.world_size:
+                slot.parts = []
+                slot.gathered = None
+                self.slots.pop(key, None)
+            return OK, out
+
+        def _take(self, slot: _Slot, rank: int) -> Any:
+            if slot.kind == GATHER:
+                if slot.gathered is None:
+                    slot.gathered = b"".join(p for p in slot.parts if p is not None)
+                return slot.gathered
+            pieces = []
+            for src in range(self.world_size):
+                payload, offsets = slot.parts[src], slot.offsets[src]
+                assert payload is not None
+                assert offsets is not None
+                pieces.append(memoryview(payload)[offsets[rank] : offsets[rank + 1]])
+            out = b"".join(pieces)
+            if len(out) < zero_copy_bytes:
+                return out
+            import numpy  # only now: small groups never load it
+
+            return numpy.frombuffer(out, dtype=numpy.uint8)
+
+    return _Coordinator
+
+
+_actor_class: Any = None
+
+
+def _coordinator_class() -> Any:
+    global _actor_class
+    if _actor_class is None:
+        _actor_class = ray.remote(_make_coordinator_class())
+    return _actor_class
+
+
+# ============================================================================================ member side
+
+
+class RayBackend:
+    """One member of a Ray group: implements :class:`~syncreward.Backend` through the group's coordinator.
+
+    Create it with :func:`join` (which also makes it this process's ``backend="ray"``), not directly.
+    Leave the group with :meth:`leave` (or use the backend as a context manager) when this process
+    stops making synced calls for the group, e.g. at the end of a Ray *task*.
+    """
+
+    name = "ray"
+
+    def __init__(self, group: str, rank: int, world_size: int, coordinator: Any, token: str, is_actor: bool) -> None:
+        self.group = group
+        self._rank = rank
+        self._world_size = world_size
+        self._coord = coordinator
+        self._token = token
+        self._is_actor = is_actor
+        self._broken: str | None = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    def __repr__(self) -> str:
+        state = f", broken={self._broken!r}" if self._broken else ""
+        return f"RayBackend(group={self.group!r}, rank={self._rank}, world_size={self._world_size}{state})"
+
+    def __enter__(self) -> RayBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.leave()
+
+    # ------------------------------------------------------------------------------------ collectives
+
+    def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
+        payload = np.ascontiguousarray(row, dtype="<i8").tobytes()
+        data = self._exchange(channel, GATHER, payload, None, timeout, "all_gather")
+        if len(data) != len(payload) * self._world_size:
+            self._fail_protocol("all_gather", len(data), len(payload) * self._world_size)
+        return np.frombuffer(data, dtype="<i8").reshape(self._world_size, -1).astype(np.int64)
+
+    def all_to_all(
+        self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], *, channel: int, timeout: float
+    ) -> np.ndarray:
+        counts = [int(c) for c in send_counts]
+        buf = np.ascontiguousarray(send, dtype=np.uint8).reshape(-1)
+        payload = buf if buf.nbytes >= _ZERO_COPY_BYTES else buf.tobytes()
+        data = self._exchange(channel, ALL_TO_ALL, payload, counts, timeout, "all_to_all")
+        want = int(sum(recv_counts))
+        if len(data) != want:
+            self._fail_protocol("all_to_all", len(data), want)
+        return np.frombuffer(data, dtype=np.uint8)
+
+    def _exchange(
+        self, channel: int, kind: int, payload: Any, counts: list[int] | None, timeout: float, what: str
+    ) -> Any:
+        if self._broken is not None:
+            raise GroupBrokenError(
+                f"Ray group {self.group!r} is unusable on rank {self._rank} after an earlier failure ({self._broken}). "
+                "HINT: restart the group's actors, or join a group with a new name."
+            )
+        try:
+            ref = self._coord.exchange.remote(self._rank, self._token, channel, kind, payload, counts, timeout)
+            status, data = ray.get(ref, timeout=timeout + _REPLY_MARGIN_S if timeout < 1e9 else None)
+        except GetTimeoutError as e:
+            self._broken = f"{what} got no reply from the coordinator"
+            raise SyncTimeoutError(
+                f"syncreward {what} on rank {self._rank} of Ray group {self.group!r}: the coordinator did not reply "
+                f"within {timeout + _REPLY_MARGIN_S:.0f}s. HINT: the coordinator actor is overloaded or its node is "
+                "unreachable; the group is now unusable.",
+            ) from e
+        except RayActorError as e:
+            self._broken = f"{what}: the coordinator actor died"
+            raise CommunicationError(
+                f"syncreward {what} failed on rank {self._rank} of Ray group {self.group!r}: the coordinator actor "
+                f"died ({_first_line(e)}). HINT: its node may have failed or it was killed (ray.kill / destroy()); "
+                "the group is now unusable."
+            ) from e
+        except RayError as e:
+            self._broken = f"{what} failed: {_first_line(e)}"
+            raise CommunicationError(
+                f"syncreward {what} failed on rank {self._rank} of Ray group {self.group!r}: {_first_line(e)}. "
+                "The group is now unusable."
+            ) from e
+        if status == OK:
+            return data
+        if status == TIMEOUT:
+            missing, reason = data
+            self._broken = f"{what} timed out"
+            raise SyncTimeoutError(
+                f"syncreward {what} timed out on rank {self._rank} of Ray group {self.group!r}: {reason} (hung, "
+                "still busy, dead, or they skipped this synced call). HINT: raise timeout= if the scoring rank "
+                "legitimately takes longer; make every member make the same synced calls. The group is now unusable.",
+                missing,
+            )
+        self._broken = str(data)
+        if status == BROKEN:
+            raise GroupBrokenError(
+                f"syncreward {what} on rank {self._rank}: Ray group {self.group!r} broke before this rank arrived "
+                f"({data}). HINT: restart the group's actors, or join a group with a new name."
+            )
+        raise CommunicationError(
+            f"syncreward {what} failed on rank {self._rank} of Ray group {self.group!r}: {data}. HINT: see the "
+            "failed member's log (an exception, OOM kill or node failure); the group is now unusable."
+        )
+
+    def _fail_protocol(self, what: str, got: int, want: int) -> None:
+        self._broken = f"{what} returned {got} bytes, expected {want}"
+        raise CommunicationError(
+            f"syncreward {what} on rank {self._rank} of Ray group {self.group!r} returned {got} bytes, expected "
+            f"{want}. HINT: the members disagree about the exchange; make every member run the same syncreward version."
+        )
+
+    # ------------------------------------------------------------------------------------ membership
+
+    def leave(self) -> None:
+        """Leave the group: this object (and ``backend="ray"`` for it) stops working in this process.
+
+        Call it when this process makes no more synced calls for the group (the end of a Ray task, or
+        before killing the actor early). The coordinator removes itself once every member has left.
+        """
+        with _lock:
+            key = (self.group, self._rank)
+            if _joined.get(key) is self:
+                del _joined[key]
+        if self._broken is None:
+            self._broken = "this member left the group"
+        try:
+            ray.get(self._coord.leave.remote(self._rank, self._token), timeout=10)
+        except Exception:  # the coordinator is gone already
+            log.debug("leave(): coordinator of %r unreachable", self.group, exc_info=True)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+_lock = threading.Lock()
+_joined: dict[tuple[str, int], RayBackend] = {}
+_heartbeat_thread: threading.Thread | None = None
+
+
+def _heartbeat_loop() -> None:
+    global _heartbeat_thread
+    while True:
+        with _lock:
+            members = [b for b in _joined.values() if not b._is_actor]
+            if not members or not ray.is_initialized():
+                _heartbeat_thread = None
+                return
+        for b in members:
+            try:
+                b._coord.heartbeat.remote(b.rank, b._token)
+            except Exception:  # ray shut down, or the coordinator is gone: the exchange will say so
+                log.debug("heartbeat to %r failed", b.group, exc_info=True)
+        time.sleep(_HEARTBEAT_S)
+
+
+def join(
+    group: str,
+    rank: int,
+    world_size: int,
+    *,
+    timeout: float = _JOIN_TIMEOUT_S,
+    _settings: dict[str, float] | None = None,
+) -> RayBackend:
+    """Join this process to a named Ray group as ``rank`` of ``world_size``; return its backend.
+
+    Call it once in each member (an actor's ``__init__`` is a good place) before the first synced call.
+    Afterwards ``@synced_reward(backend="ray")`` (and ``backend="auto"``, when this is the only group this
+    process joined and torch.distributed is not initialised) uses this group. Joining the same group and
+    rank again in the same process returns the same object. Members need not join at the same time:
+    the first synced call waits for the others (bounded by its ``timeout``).
+
+    Args:
+        group: the group's name; members of one group must be in the same Ray job.
+        rank: this member's rank, ``0 <= rank < world_size``. Batches are concatenated in rank order and
+            rank 0 scores in ``mode="main"``.
+        world_size: the number of members.
+        timeout: seconds to wait for the coordinator actor to be created and to answer.
+
+    Returns:
+        The :class:`RayBackend` of this member (also usable as ``synced_reward(backend=...)``).
+
+    Raises:
+        BackendError: Ray is not initialised, the arguments are invalid, the group exists with another
+            size, or this rank is already joined by another live process.
+        GroupBrokenError: the group already broke (a member died or timed out); use a new name.
+    """
+    if not isinstance(group, str) or not group:
+        raise BackendError(f"group must be a non-empty string, not {group!r}")
+    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
+        raise BackendError(f"need 0 <= rank < world_size, got rank={rank!r}, world_size={world_size!r}")
+    if not ray.is_initialized():
+        raise BackendError(
+            "join() needs a running Ray: call it inside a Ray actor or task, or after ray.init() in the driver"
+        )
+    with _lock:
+        existing = _joined.get((group, rank))
+    if existing is not None:
+        if existing.world_size != world_size:
+            raise BackendError(
+                f"this process already joined group {group!r} as rank {rank} of {existing.world_size}, "
+                f"not of {world_size}"
+            )
+        return existing
+
+    ctx = ray.get_runtime_context()
+    is_actor = ctx.get_actor_id() is not None
+    actor = ctx.current_actor if is_actor else None  # a weak handle: the coordinator does not keep us alive
+    token = uuid.uuid4().hex
+    settings = dict(_settings or {})
+    deadline = time.monotonic() + timeout
+    while True:
+        coord = _coordinator_class().options(
+            name=_actor_name(group),
+            namespace=_NAMESPACE,
+            get_if_exists=True,
+            lifetime="detached",
+            num_cpus=0,
+            max_restarts=0,
+            max_concurrency=max(1000, 4 * world_size + 16),
+        ).remote(group, world_size, settings)
+        try:
+            status, message = ray.get(
+                coord.register.remote(rank, world_size, token, actor), timeout=max(deadline - time.monotonic(), 1.0)
+            )
+            break
+        except RayActorError:  # caught a coordinator that was removing itself; make a fresh one
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+        except GetTimeoutError as e:
+            raise BackendError(f"the coordinator of Ray group {group!r} did not answer within {timeout:.0f}s") from e
+    if status == BROKEN:
+        raise GroupBrokenError(
+            f"Ray group {group!r} is broken ({message}). HINT: join a group with a new name, or remove the old one "
+            "with syncreward.backends.ray.destroy()."
+        )
+    if status != OK:
+        raise BackendError(f"cannot join Ray group {group!r}: {message}")
+    backend = RayBackend(group, rank, world_size, coord, token, is_actor)
+    global _heartbeat_thread
+    with _lock:
+        _joined[(group, rank)] = backend
+        if not is_actor and _heartbeat_thread is None:
+            _heartbeat_thread = threading.Thread(target=_heartbeat_loop, name="syncreward-ray-heartbeat", daemon=True)
+            _heartbeat_thread.start()
+    return backend
+
+
+def joined_backends() -> list[RayBackend]:
+    """The Ray groups this process has joined and not left."""
+    if not _joined:  # the common case, checked on every backend="auto" call: no lock needed
+        return []
+    with _lock:
+        return list(_joined.values())
+
+
+def current_backend() -> RayBackend:
+    """The backend ``backend="ray"`` uses: the one group this process joined.
+
+    Raises:
+        BackendError: this process joined no group, or several (then pass the backend object instead).
+    """
+    members = joined_backends()
+    if len(members) == 1:
+        return members[0]
+    if not members:
+        raise BackendError(
+            "backend='ray' needs this process to be a member of a Ray group. HINT: call "
+            "syncreward.backends.ray.join(group, rank, world_size) in every member (e.g. in the actor's __init__) "
+            "before the first synced call."
+        )
+    raise BackendError(
+        f"this process joined several Ray groups ({', '.join(repr(b) for b in members)}), so backend='ray' is "
+        "ambiguous. HINT: pass the backend object returned by join() as synced_reward(backend=...)."
+    )
+
+
+def destroy(group: str) -> bool:
+    """Remove a group's coordinator now (from any process of the job); return whether one existed.
+
+    Members waiting in an exchange raise :class:`~syncreward.CommunicationError`. Not needed in normal
+    use: the coordinator removes itself when every member has left, died or ended with the job.
+    """
+    try:
+        handle = ray.get_actor(_actor_name(group), namespace=_NAMESPACE)
+    except ValueError:
+        return False
+    ray.kill(handle, no_restart=True)
+    return True
