@@ -45,6 +45,21 @@ def _torch_active() -> bool:
     return dist is not None and dist.is_available() and dist.is_initialized()
 
 
+# os.environ.get costs ~1 us (it encodes the key and decodes the value); the single-process path reads
+# WORLD_SIZE on every call, so read the underlying mapping directly where the platform has one.
+_ENV_DATA: Any = getattr(os.environ, "_data", None)
+_WORLD_SIZE_KEY: Any = os.environ.encodekey("WORLD_SIZE") if _ENV_DATA is not None else "WORLD_SIZE"  # type: ignore[attr-defined]
+
+
+def _env_world_size() -> str:
+    if _ENV_DATA is None:  # pragma: no cover - platforms without os.environ._data
+        return os.environ.get("WORLD_SIZE", "1")
+    raw = _ENV_DATA.get(_WORLD_SIZE_KEY)
+    if raw is None:
+        return "1"
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 def _cached(kind: str, process_group: Any, make: Any) -> Any:
     """One backend per (kind, job, process group): a re-initialised job gets fresh groups."""
     import torch.distributed as dist
@@ -90,8 +105,8 @@ def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
         elif _torch_active():
             spec = "torch"
         else:
-            ws = os.environ.get("WORLD_SIZE", "1")
-            if ws.isdigit() and int(ws) > 1:
+            ws = _env_world_size()
+            if ws != "1" and ws.isdigit() and int(ws) > 1:
                 raise BackendError(
                     f"WORLD_SIZE={ws} says this is one of several processes, but torch.distributed is not "
                     "initialised, so synced rewards cannot see the other ranks. HINT: call "
