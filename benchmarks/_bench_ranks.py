@@ -1,0 +1,411 @@
+"""The code that runs inside each benchmark rank (spawned by ``bench_exchange.py`` via ``run_ranks``).
+
+Kept in its own module so the spawned ranks import it by name. Everything here is deterministic except
+the timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from _instrument import CollectiveCounter, PhaseTimer
+from _payloads import local_count, make_batch
+
+import syncreward._decorator as sr_decorator
+import syncreward._modes as sr_modes
+from syncreward import synced_reward
+from syncreward._binding import Binder
+from syncreward._codec import Column, container_of, encode_frame
+from syncreward._exchange import HEADER_LEN
+from syncreward.backends import resolve_backend
+from syncreward.backends.torch_distributed import TorchDistributedBackend
+
+GROUP = 8  # GRPO num_generations: samples per prompt group
+JUDGE_S = 0.02  # the judge's cost per group (I/O bound)
+
+
+# --------------------------------------------------------------------------------------------- rewards
+
+
+def reward(completions, completion_ids, solution, dataset_name, **kwargs):
+    """A cheap GRPO-style reward: correctness plus a length term normalised within each group of 8."""
+    out = []
+    for g in range(0, len(completions), GROUP):
+        lens = [len(x) for x in completion_ids[g : g + GROUP]]
+        mean = sum(lens) / len(lens)
+        for c, n, s in zip(completions[g : g + GROUP], lens, solution[g : g + GROUP], strict=True):
+            out.append((1.0 if c.endswith(s) else 0.0) + 0.1 * n / mean)
+    return out
+
+
+def judge(completions, completion_ids, solution, dataset_name, **kwargs):
+    """An I/O-bound judge: 20 ms per group of 8 (one blocking request per prompt group)."""
+    out = []
+    for g in range(0, len(completions), GROUP):
+        time.sleep(JUDGE_S)
+        out.extend(float(len(c) % 7) for c in completions[g : g + GROUP])
+    return out
+
+
+async def ajudge(completions, completion_ids, solution, dataset_name, **kwargs):
+    """The same judge as an ``async def`` (one awaited request per group, one after the other)."""
+    out = []
+    for g in range(0, len(completions), GROUP):
+        await asyncio.sleep(JUDGE_S)
+        out.extend(float(len(c) % 7) for c in completions[g : g + GROUP])
+    return out
+
+
+class Synced:
+    """The synced variants. Each gets its own backend, hence its own gloo groups and its own ``Link``
+    (sequence numbers, learned result capacities, replicate's eager slot), as if it were the only synced
+    function of the job; ``mixed_*`` share one backend on purpose, to measure how modes affect each other.
+    """
+
+    def __init__(self) -> None:
+        def fresh() -> TorchDistributedBackend:
+            return TorchDistributedBackend()
+
+        self.main = synced_reward(mode="main", backend=fresh())(reward)
+        self.replicate = synced_reward(mode="replicate", backend=fresh())(reward)
+        self.shard = synced_reward(mode="shard", group_size=GROUP, backend=fresh())(reward)
+        shared = fresh()
+        self.mixed_replicate = synced_reward(mode="replicate", backend=shared)(reward)
+        self.mixed_main = synced_reward(mode="main", backend=shared)(reward)
+        self.judge_main = synced_reward(mode="main", backend=fresh())(judge)
+        self.judge_shard = synced_reward(mode="shard", group_size=GROUP, backend=fresh())(judge)
+        self.ajudge_main = synced_reward(mode="main", backend=fresh())(ajudge)
+        self.ajudge_shard = synced_reward(mode="shard", group_size=GROUP, backend=fresh())(ajudge)
+
+
+# --------------------------------------------------------------------------------------------- variants
+
+_ALIGN: list[Any] = []  # a gloo group used only to line the ranks up before each call
+
+
+def _barrier() -> None:
+    """Line the ranks up on a group no variant uses, so no variant's group is left warm by the barrier."""
+    if not _ALIGN:
+        _ALIGN.append(dist.new_group(backend="gloo"))
+    dist.barrier(group=_ALIGN[0])
+
+
+def _counts(parts: list[list[Any]]) -> list[int]:
+    return [len(p) for p in parts]
+
+
+def handrolled(batch: dict[str, list[Any]]) -> list[float]:
+    """What users write today: one all_gather_object per column, score on rank 0, broadcast, slice."""
+    w, me = dist.get_world_size(), dist.get_rank()
+    gathered: dict[str, list[Any]] = {}
+    for key, value in batch.items():
+        parts: list[Any] = [None] * w
+        dist.all_gather_object(parts, value)
+        gathered[key] = parts
+    counts = _counts(gathered["completions"])
+    box: list[Any] = [None]
+    if me == 0:
+        flat = {k: [x for p in parts for x in p] for k, parts in gathered.items()}
+        box[0] = reward(**flat)
+    dist.broadcast_object_list(box, src=0)
+    lo = sum(counts[:me])
+    return box[0][lo : lo + counts[me]]  # type: ignore[no-any-return]
+
+
+def fused_objects(batch: dict[str, list[Any]]) -> list[float]:
+    """One all_gather_object of all columns, score on rank 0, broadcast_object_list, slice."""
+    w, me = dist.get_world_size(), dist.get_rank()
+    parts: list[Any] = [None] * w
+    dist.all_gather_object(parts, batch)
+    counts = [len(p["completions"]) for p in parts]
+    box: list[Any] = [None]
+    if me == 0:
+        flat = {k: [x for p in parts for x in p[k]] for k in batch}
+        box[0] = reward(**flat)
+    dist.broadcast_object_list(box, src=0)
+    lo = sum(counts[:me])
+    return box[0][lo : lo + counts[me]]  # type: ignore[no-any-return]
+
+
+def _u8(buf: bytearray) -> torch.Tensor:
+    return torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+
+
+class Raw:
+    """The wire limit: the same bytes syncreward sends (one frame per rank), already serialised."""
+
+    def __init__(self, batch: dict[str, list[Any]]) -> None:
+        w, self.me = dist.get_world_size(), dist.get_rank()
+        n = len(batch["completions"])
+        frame = bytes(encode_frame([Column(k, container_of(v), v) for k, v in batch.items()], n))  # type: ignore[arg-type]
+        self.frame_bytes = len(frame)
+        sizes: list[Any] = [None] * w
+        dist.all_gather_object(sizes, len(frame))
+        self.sizes = [int(s) for s in sizes]
+        counts: list[Any] = [None] * w
+        dist.all_gather_object(counts, n)
+        self.counts = [int(c) for c in counts]
+        self.max = max(self.sizes)
+        self.padded = _u8(bytearray(frame) + bytes(self.max - len(frame)))
+        self.exact = _u8(bytearray(frame))
+        self.w = w
+
+    def all_gather(self) -> None:
+        """One all_gather of every rank's frame, padded to the largest (what all_gather needs)."""
+        out = torch.empty(self.max * self.w, dtype=torch.uint8)
+        dist.all_gather(list(out.split(self.max)) if self.max else [out] * self.w, self.padded)
+
+    def to_root(self) -> None:
+        """One exact-size all_to_all of every rank's frame to rank 0 (a gather, no padding)."""
+        w = self.w
+        if self.me == 0:
+            recv = [0, *self.sizes[1:]]
+            out = torch.empty(sum(recv), dtype=torch.uint8)
+            dist.all_to_all_single(out, torch.empty(0, dtype=torch.uint8), recv, [0] * w)
+        else:
+            send = [self.sizes[self.me] if d == 0 else 0 for d in range(w)]
+            dist.all_to_all_single(torch.empty(0, dtype=torch.uint8), self.exact, [0] * w, send)
+
+    def round_trip(self) -> None:
+        """The floor of any main-mode protocol: frames to rank 0, then 8 bytes per sample back."""
+        self.to_root()
+        w = self.w
+        if self.me == 0:
+            send = [0, *(8 * n for n in self.counts[1:])]
+            dist.all_to_all_single(
+                torch.empty(0, dtype=torch.uint8), torch.empty(sum(send), dtype=torch.uint8), [0] * w, send
+            )
+        else:
+            recv = [8 * self.counts[self.me] if s == 0 else 0 for s in range(w)]
+            dist.all_to_all_single(
+                torch.empty(sum(recv), dtype=torch.uint8), torch.empty(0, dtype=torch.uint8), recv, [0] * w
+            )
+
+
+class Probe:
+    """One tiny collective (the size of syncreward's header row): the per-collective latency floor."""
+
+    def __init__(self) -> None:
+        self.row = np.arange(HEADER_LEN, dtype=np.int64)
+        self.backend = resolve_backend("auto")
+
+    def torch_all_to_all(self) -> None:
+        """The same all-gather semantics (every rank gets every row) as one all_to_all."""
+        w = dist.get_world_size()
+        send = torch.from_numpy(self.row).view(torch.uint8).repeat(w)
+        dist.all_to_all_single(torch.empty_like(send), send)
+
+    def torch_all_gather(self) -> None:
+        w = dist.get_world_size()
+        out = torch.empty((w, HEADER_LEN), dtype=torch.int64)
+        dist.all_gather(list(out.unbind(0)), torch.from_numpy(self.row))
+
+    def backend_all_gather(self) -> None:
+        """The same row through syncreward's backend (its own gloo group, sliced waiting)."""
+        self.backend.all_gather(self.row, channel=0, timeout=60.0)
+
+
+Variant = Callable[[], Any] | tuple[Callable[[], Any], Callable[[], Any]]  # fn, or (untimed setup, fn)
+
+
+def variants_for(batch: dict[str, list[Any]], raw: Raw, probe: Probe, fns: Synced) -> dict[str, Variant]:
+    return {
+        "direct": lambda: reward(**batch),
+        "handrolled": lambda: handrolled(batch),
+        "fused_objects": lambda: fused_objects(batch),
+        "main": lambda: fns.main(**batch),
+        "replicate": lambda: fns.replicate(**batch),
+        "shard": lambda: fns.shard(**batch),
+        "main_after_replicate": (lambda: fns.mixed_replicate(**batch), lambda: fns.mixed_main(**batch)),
+        "raw_all_gather": raw.all_gather,
+        "raw_to_root": raw.to_root,
+        "raw_round_trip": raw.round_trip,
+        "probe_all_gather": probe.torch_all_gather,
+        "probe_all_to_all": probe.torch_all_to_all,
+        "probe_backend_all_gather": probe.backend_all_gather,
+    }
+
+
+def _split(variant: Variant) -> tuple[Callable[[], Any] | None, Callable[[], Any]]:
+    return variant if isinstance(variant, tuple) else (None, variant)
+
+
+def _timed_rounds(variants: dict[str, Variant], rounds: int, warmup: int) -> dict[str, list[int]]:
+    """Every round runs each variant once, in an order rotated by one each round; barrier before each."""
+    names = list(variants)
+    calls = {n: _split(v) for n, v in variants.items()}
+    for _ in range(warmup):
+        for name in names:
+            setup, fn = calls[name]
+            if setup is not None:
+                setup()
+            _barrier()
+            fn()
+    times: dict[str, list[int]] = {n: [] for n in names}
+    for r in range(rounds):
+        k = r % len(names)
+        gc.collect()
+        for name in names[k:] + names[:k]:
+            setup, fn = calls[name]
+            if setup is not None:
+                setup()  # untimed
+            _barrier()
+            t0 = time.perf_counter_ns()
+            fn()
+            times[name].append(time.perf_counter_ns() - t0)
+    return times
+
+
+# --------------------------------------------------------------------------------------------- passes
+
+
+def _expected(payload: str, rank: int, world_size: int) -> list[float]:
+    """The oracle: the reward of the concatenated global batch, this rank's slice."""
+    batches = [make_batch(payload, r, world_size) for r in range(world_size)]
+    flat = {k: [x for b in batches for x in b[k]] for k in batches[0]}
+    lo = sum(local_count(payload, r, world_size) for r in range(rank))
+    return reward(**flat)[lo : lo + local_count(payload, rank, world_size)]
+
+
+def _account(variants: dict[str, Variant], counter: CollectiveCounter) -> dict[str, Any]:
+    """Collectives and bytes of each variant's first call (cold) and second call (steady state).
+
+    Both calls' results are kept for the correctness check.
+    """
+    out: dict[str, Any] = {}
+    for name, variant in variants.items():
+        setup, fn = _split(variant)
+        snaps, values = [], []
+        for _ in range(2):
+            if setup is not None:
+                setup()
+            _barrier()
+            with counter.armed_for():
+                values.append(fn())
+            snaps.append(counter.snapshot())
+        out[name] = {**snaps[1], "cold": snaps[0], "results": values}
+    return out
+
+
+def _profile_main(batch: dict[str, list[Any]], calls: int) -> list[dict[str, int]]:
+    """Exclusive phase times of ``mode="main"`` calls on this rank (ns)."""
+    timer = PhaseTimer()
+    backend = TorchDistributedBackend()
+    timer.patch(sr_decorator, "make_call", "setup")
+    timer.patch(sr_modes.MainCall, "pre", "pre")
+    timer.patch(sr_modes.MainCall, "post", "post")
+    timer.patch(sr_modes, "encode_frame", timer.staged("encode_frame"))
+    timer.patch(sr_modes, "decode_frame", timer.staged("decode_frame"))
+    timer.patch(sr_modes, "concat", timer.staged("concat"))
+    timer.patch(sr_modes, "rebuild_result", timer.staged("rebuild_result"))
+    timer.patch(sr_modes, "result_columns", timer.staged("result_columns"))
+    timer.patch(Binder, "bind", timer.staged("bind"))
+    timer.patch(backend, "all_gather", timer.staged("all_gather"))
+    timer.patch(backend, "all_to_all", timer.staged("all_to_all"))
+    scored = timer.wrap(reward, "score")
+    fn = synced_reward(mode="main", backend=backend)(scored)
+    results = []
+    try:
+        fn(**batch)  # warm-up: creates the gloo groups, learns the result capacity
+        for _ in range(calls):
+            _barrier()
+            timer.start("other")
+            fn(**batch)
+            phases = timer.stop()
+            phases["total"] = sum(phases.values())
+            results.append(phases)
+    finally:
+        timer.unpatch()
+    return results
+
+
+def _cprofile_main(fn: Callable[..., Any], batch: dict[str, list[Any]], calls: int, path: str) -> None:
+    """cProfile ``calls`` main-mode calls on this rank; stats written to ``path``."""
+    import cProfile
+
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        _barrier()
+        prof.enable()
+        fn(**batch)
+        prof.disable()
+    prof.dump_stats(path)
+
+
+def _shard_throughput(fns: Synced, rank: int, world_size: int, rounds: int) -> dict[str, Any]:
+    batch = make_batch("judge", rank, world_size)
+    loop = asyncio.new_event_loop()
+    variants: dict[str, Variant] = {
+        "direct": lambda: judge(**batch),
+        "main": lambda: fns.judge_main(**batch),
+        "shard": lambda: fns.judge_shard(**batch),
+        "async_main": lambda: loop.run_until_complete(fns.ajudge_main(**batch)),
+        "async_shard": lambda: loop.run_until_complete(fns.ajudge_shard(**batch)),
+    }
+    try:
+        times = _timed_rounds(variants, rounds, warmup=1)
+    finally:
+        loop.close()
+    return {"samples_global": sum(local_count("judge", r, world_size) for r in range(world_size)), "times": times}
+
+
+def tune_malloc() -> bool:
+    """Keep freed memory in glibc's heap, so large per-call buffers stop costing fresh page faults."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    # M_MMAP_THRESHOLD = -3, M_TRIM_THRESHOLD = -1 (malloc.h)
+    return bool(libc.mallopt(-3, 256 << 20)) and bool(libc.mallopt(-1, 1 << 30))
+
+
+def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    if cfg.get("tune_malloc"):
+        tune_malloc()
+    out: dict[str, Any] = {"rank": rank, "payloads": {}}
+    counter = CollectiveCounter()
+    fns = Synced()
+    for payload in cfg["payloads"]:
+        batch = make_batch(payload, rank, world_size)
+        raw = Raw(batch)
+        variants = variants_for(batch, raw, Probe(), fns)
+        if cfg.get("variants"):
+            variants = {k: v for k, v in variants.items() if k in cfg["variants"]}
+        info: dict[str, Any] = {
+            "n_local": len(batch["completions"]),
+            "frame_bytes": raw.frame_bytes,
+            "pickle_bytes": len(pickle.dumps(batch)),
+            "pickle_field_bytes": {k: len(pickle.dumps(v)) for k, v in batch.items()},
+        }
+        counter.install()
+        try:
+            acc = _account(variants, counter)
+        finally:
+            counter.uninstall()
+        expected = _expected(payload, rank, world_size)
+        for name, a in acc.items():
+            results = a.pop("results")
+            a["correct"] = None if name.startswith(("raw_", "probe_")) else all(list(r) == expected for r in results)
+        info["account"] = acc
+        info["times"] = _timed_rounds(variants, cfg["rounds"], cfg["warmup"])
+        if cfg["profile_calls"] and payload in cfg["profile_payloads"]:
+            info["profile"] = _profile_main(batch, cfg["profile_calls"])
+            if cfg.get("cprofile_dir"):
+                path = f"{cfg['cprofile_dir']}/main-{payload}-w{world_size}-rank{rank}.prof"
+                _cprofile_main(fns.main, batch, cfg["profile_calls"], path)
+        out["payloads"][payload] = info
+        del batch, raw, variants
+        gc.collect()
+    if cfg["shard_rounds"]:
+        out["judge"] = _shard_throughput(fns, rank, world_size, cfg["shard_rounds"])
+    return out

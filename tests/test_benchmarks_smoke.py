@@ -1,0 +1,67 @@
+"""The benchmark harness still runs: one tiny round of every variant on 2 ranks (not a timing test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).parent.parent
+SCRIPT = ROOT / "benchmarks" / "bench_exchange.py"
+
+
+def test_bench_exchange_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--world-sizes", "2",
+        "--rounds", "1",
+        "--warmup", "0",
+        "--payloads", "trl", "skewed",
+        "--profile-calls", "1",
+        "--profile-payloads", "trl",
+        "--shard-rounds", "1",
+        "--overhead-number", "200",
+        "--overhead-repeat", "1",
+        "--timeout", "240",
+        "--out", str(out),
+        "--markdown", str(tmp_path / "tables.md"),
+    ]  # fmt: skip
+    if importlib.util.find_spec("matplotlib") is not None:
+        cmd += ["--plot-dir", str(tmp_path / "img")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    results = json.loads(out.read_text())
+    res = results["world_sizes"]["2"]
+    for payload in ("trl", "skewed"):
+        variants = res["payloads"][payload]["variants"]
+        expected = {"direct", "handrolled", "fused_objects", "main", "replicate", "shard", "raw_all_gather"}
+        assert set(variants) >= expected
+        for name, v in variants.items():
+            assert v["correct"] in (True, None), (payload, name)  # None: raw/probe variants compute nothing
+            assert v["n"] == 1
+        assert variants["direct"]["collectives"] == 0
+        assert variants["handrolled"]["collectives"] == 10  # 4 columns x (sizes + data) + broadcast (sizes + data)
+        assert variants["raw_all_gather"]["collectives"] == 1
+        assert 1 <= variants["main"]["collectives"] <= 4
+    skewed = res["payloads"]["skewed"]
+    assert skewed["n_local"] == [0, 512]
+    # rank 0 (empty) receives exactly rank 1's frame in main mode's payload all_to_all
+    assert skewed["variants"]["main"]["recv_peak_rank0"] <= 1.25 * skewed["frame_total"]
+    assert set(res["payloads"]["trl"]["profile"]["0"]) >= {"total", "score", "pre:all_to_all"}
+    assert set(res["judge"]["variants"]) == {"direct", "main", "shard", "async_main", "async_shard"}
+    assert results["overhead"]["ns_per_call"]["direct"] > 0
+    assert results["goals"]
+    assert "| `main` |" in (tmp_path / "tables.md").read_text()
+    if "--plot-dir" in cmd:
+        assert (tmp_path / "img" / "performance.png").stat().st_size > 10_000
