@@ -334,27 +334,31 @@ class MainCall(Call):
         if error is not None:
             blob = error_blob(error)
             bodies = {r: blob for r in range(w) if r != ROOT}
-        per_sample = self.link.capacity.get(self.fp, _DEFAULT_PER_SAMPLE)
-        caps = [self._capacity(per_sample, r) for r in range(w)]
-        need = [
-            math.ceil((len(bodies[r]) + _CHUNK.size - _BASE_CAPACITY) / self.counts[r])
-            for r in bodies
-            if self.counts[r]
-        ]
-        next_per_sample = min(_MAX_PER_SAMPLE, _round8(int(max(need) * 1.25))) if need and status == OK else per_sample
-        next_per_sample = max(next_per_sample, 8)
-        overflow = any(len(bodies[r]) > caps[r] - _CHUNK.size for r in bodies)
-        send = bytearray()
-        counts = [0] * w
-        for r in range(w):
-            if r == ROOT:
-                continue
-            body = bodies[r]
-            first = bytes(body[: caps[r] - _CHUNK.size])
-            chunk = _CHUNK.pack(status, overflow, next_per_sample, len(body)) + first
-            send += chunk + bytes(caps[r] - len(chunk))
-            counts[r] = caps[r]
         with self.link.turns[1].turn(self.seq, self.timeout):
+            # The predicted capacity is read and updated inside the turn: concurrent calls with the same
+            # fingerprint must see it in sequence order, as the receiving ranks do.
+            per_sample = self.link.capacity.get(self.fp, _DEFAULT_PER_SAMPLE)
+            caps = [self._capacity(per_sample, r) for r in range(w)]
+            need = [
+                math.ceil((len(bodies[r]) + _CHUNK.size - _BASE_CAPACITY) / self.counts[r])
+                for r in bodies
+                if self.counts[r]
+            ]
+            next_per_sample = per_sample
+            if need and status == OK:
+                next_per_sample = min(_MAX_PER_SAMPLE, _round8(int(max(need) * 1.25)))
+            next_per_sample = max(next_per_sample, 8)
+            overflow = any(len(bodies[r]) > caps[r] - _CHUNK.size for r in bodies)
+            send = bytearray()
+            counts = [0] * w
+            for r in range(w):
+                if r == ROOT:
+                    continue
+                body = bodies[r]
+                first = bytes(body[: caps[r] - _CHUNK.size])
+                chunk = _CHUNK.pack(status, overflow, next_per_sample, len(body)) + first
+                send += chunk + bytes(caps[r] - len(chunk))
+                counts[r] = caps[r]
             self.link.all_to_all(send, counts, [0] * w, 1, self.timeout)
             if overflow:
                 rest = bytearray()
@@ -364,7 +368,7 @@ class MainCall(Call):
                     rest += tail
                     counts[r] = len(tail)
                 self.link.all_to_all(rest, counts, [0] * w, 1, self.timeout)
-        self.link.capacity[self.fp] = next_per_sample
+            self.link.capacity[self.fp] = next_per_sample
         if error is not None:
             raise error
         self.replay(own_logs)
@@ -372,9 +376,9 @@ class MainCall(Call):
 
     def _receive_results(self) -> Any:
         w = self.world_size
-        per_sample = self.link.capacity.get(self.fp, _DEFAULT_PER_SAMPLE)
-        cap = self._capacity(per_sample, self.rank)
         with self.link.turns[1].turn(self.seq, self.timeout):
+            per_sample = self.link.capacity.get(self.fp, _DEFAULT_PER_SAMPLE)
+            cap = self._capacity(per_sample, self.rank)
             buf = self.link.all_to_all(b"", [0] * w, [cap if s == ROOT else 0 for s in range(w)], 1, self.timeout)
             status, overflow, next_per_sample, total = _CHUNK.unpack_from(buf.data)
             body = buf[_CHUNK.size : _CHUNK.size + min(total, cap - _CHUNK.size)].tobytes()
@@ -383,7 +387,7 @@ class MainCall(Call):
                 body += self.link.all_to_all(
                     b"", [0] * w, [rest if s == ROOT else 0 for s in range(w)], 1, self.timeout
                 ).tobytes()
-        self.link.capacity[self.fp] = next_per_sample
+            self.link.capacity[self.fp] = next_per_sample
         if status != OK:
             info = decode_value(body)
             raise RemoteError(ROOT, info["type"], info["message"], info["traceback"], function=self.spec.name)
