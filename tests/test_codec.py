@@ -52,6 +52,8 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, np.ndarray):
         if a.dtype != b.dtype or a.shape != b.shape:
             return False
+        if a.dtype.hasobject:
+            return all(same(x, y) for x, y in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist(), strict=True))
         return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
     if isinstance(a, np.generic):
         return a.dtype == b.dtype and a.tobytes() == b.tobytes()

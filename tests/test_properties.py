@@ -1,0 +1,533 @@
+"""Every sample gets its own result: property tests on an in-process fake backend (W ranks as W threads).
+
+Spawning processes per example would take minutes, so the ranks here are threads of this process, each
+with its own :class:`FakeBackend` implementing the :class:`syncreward.Backend` protocol with barrier-based
+collectives (two independent channels, as the protocol requires). The backend also checks the protocol
+itself: an ``all_to_all`` whose receive counts disagree with the senders' send counts fails the test.
+
+For random world sizes 1-4, per-rank sizes 0-20 and random schemas mixing str, int, float, bool, None,
+nested lists, tuples, dicts, numpy arrays/scalars and tensors (as whole columns and as per-sample
+values), every mode must hand every rank exactly the results of its own samples, in order, and the
+function must see the batch the mode promises (the whole batch in order; whole groups in ``shard``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_codec import same
+
+import syncreward
+from syncreward import Backend, CommunicationError, GroupBrokenError, SyncTimeoutError, synced_reward
+
+EXAMPLES = int(os.environ.get("SYNCREWARD_PROPERTY_EXAMPLES", "200"))  # >= 200 in CI; raise it for a deep local run
+
+# --------------------------------------------------------------------------------------------- fake backend
+
+
+class _Channel:
+    def __init__(self, world_size: int) -> None:
+        self.barrier = threading.Barrier(world_size)
+        self.slots: list[Any] = [None] * world_size
+        self.broken = False
+
+    def exchange(self, rank: int, item: Any, timeout: float) -> list[Any]:
+        if self.broken:
+            raise GroupBrokenError("fake group is broken after an earlier timeout")
+        self.slots[rank] = item
+        try:
+            self.barrier.wait(timeout)
+            got = list(self.slots)
+            self.barrier.wait(timeout)  # nobody overwrites a slot before everyone has read it
+        except threading.BrokenBarrierError:
+            self.broken = True
+            raise SyncTimeoutError(f"fake exchange timed out after {timeout}s on rank {rank}") from None
+        return got
+
+
+class FakeGroup:
+    """The shared state of W thread-ranks: one barrier and one slot table per channel."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.channels = [_Channel(world_size), _Channel(world_size)]
+        self.calls = Counter[str]()
+        self.lock = threading.Lock()
+
+    def backends(self) -> list[FakeBackend]:
+        return [FakeBackend(self, r) for r in range(self.world_size)]
+
+
+class FakeBackend:
+    """One rank's view of a :class:`FakeGroup`; implements :class:`syncreward.Backend`."""
+
+    def __init__(self, group: FakeGroup, rank: int) -> None:
+        self.group = group
+        self._rank = rank
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    def _count(self, what: str) -> None:
+        with self.group.lock:
+            self.group.calls[what] += 1
+
+    def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
+        assert row.dtype == np.int64, row.dtype
+        assert row.ndim == 1, row.shape
+        self._count(f"all_gather/{channel}")
+        rows = self.group.channels[channel].exchange(self._rank, row.copy(), timeout)
+        if len({len(r) for r in rows}) != 1:
+            raise CommunicationError(f"all_gather rows of different lengths: {[len(r) for r in rows]}")
+        return np.stack(rows)
+
+    def all_to_all(
+        self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], *, channel: int, timeout: float
+    ) -> np.ndarray:
+        assert send.dtype == np.uint8, send.dtype
+        assert len(send) == sum(send_counts), (len(send), send_counts)
+        self._count(f"all_to_all/{channel}")
+        items = self.group.channels[channel].exchange(
+            self._rank, (send.copy(), [int(c) for c in send_counts], [int(c) for c in recv_counts]), timeout
+        )
+        me = self._rank
+        parts = []
+        for s, (buf, counts, _) in enumerate(items):
+            if counts[me] != int(recv_counts[s]):
+                raise CommunicationError(
+                    f"protocol violation: rank {s} sends {counts[me]} bytes to rank {me}, "
+                    f"which expects {recv_counts[s]}"
+                )
+            start = sum(counts[:me])
+            parts.append(buf[start : start + counts[me]])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
+
+
+def run_threads(world_size: int, body: Callable[[int, FakeBackend], Any], timeout: float = 60.0) -> list[Any]:
+    """Run ``body(rank, backend)`` on W threads; return ``("ok", value)`` or ``(exc_type_name, exc)`` per rank."""
+    group = FakeGroup(world_size)
+    backends = group.backends()
+    out: list[Any] = [("missing", None)] * world_size
+
+    def run(rank: int) -> None:
+        try:
+            out[rank] = ("ok", body(rank, backends[rank]))
+        except BaseException as e:
+            out[rank] = (type(e).__name__, e)
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"fake-rank{r}", daemon=True) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    hung = [t.name for t in threads if t.is_alive()]
+    assert not hung, f"thread-ranks still running after {timeout}s: {hung}"
+    return out
+
+
+def test_fake_backend_implements_the_protocol() -> None:
+    (backend,) = FakeGroup(1).backends()
+    assert isinstance(backend, Backend)
+
+
+# --------------------------------------------------------------------------------------------- schemas
+
+KINDS = [
+    "str",
+    "int",
+    "float",
+    "bool",
+    "mixed",
+    "ids",
+    "nested",
+    "dict",
+    "np_elem",
+    "tensor_elem",
+    "npscalar",
+    "ndarray",
+    "tensor",
+    "tuple_str",
+    "objarray",
+]
+NP_DTYPES = ["<i8", "<i4", ">i4", "<u1", "<f4", "<f8", "<f2", "<c8", "|b1", "<U4"]
+TORCH_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.uint8,
+    torch.bool,
+]
+
+text = st.text(st.characters() | st.sampled_from("\ud800\udfff\x00"), max_size=8)  # lone surrogates too
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), text)
+nested = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner) | st.dictionaries(text, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def small_array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "U":
+        return np.array(rng.choice(["", "a", "bé", "漢字x"], size=shape), dtype=dt)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(dt)
+    if dt.kind == "c":
+        return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dt)
+    if dt.kind == "f":
+        a = rng.normal(size=shape) * 100
+        if a.size:
+            a.reshape(-1)[0] = [np.nan, np.inf, -0.0, 1.0][seed % 4]
+        return a.astype(dt)
+    return rng.integers(0, 100, size=shape).astype(dt)
+
+
+def small_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 10).to(dtype)
+    return torch.randint(0, 100, shape, generator=g).to(dtype)
+
+
+@st.composite
+def schemas(draw: st.DrawFn) -> list[tuple[str, str, Any]]:
+    """Column name, kind, and the per-schema parameters (dtype and trailing shape for array columns)."""
+    kinds = draw(st.lists(st.sampled_from(KINDS), min_size=0, max_size=4))
+    out = []
+    for i, kind in enumerate(kinds):
+        param: Any = None
+        if kind == "ndarray":
+            param = (draw(st.sampled_from(NP_DTYPES)), tuple(draw(st.lists(st.integers(0, 3), max_size=2))))
+        elif kind == "tensor":
+            param = (draw(st.sampled_from(TORCH_DTYPES)), tuple(draw(st.lists(st.integers(0, 3), max_size=2))))
+        elif kind in ("str", "int", "float", "mixed", "nested"):
+            param = draw(st.sampled_from(["list", "tuple"]))
+        out.append((f"c{i}_{kind}", kind, param))
+    return out
+
+
+def column(draw: st.DrawFn, kind: str, param: Any, n: int, seed: int) -> Any:
+    """One rank's column of ``n`` samples."""
+
+    def lst(strategy: st.SearchStrategy[Any]) -> list[Any]:
+        return draw(st.lists(strategy, min_size=n, max_size=n))
+
+    if kind in ("str", "int", "float", "mixed", "nested"):
+        strategy = {
+            "str": text,
+            "int": st.integers() | st.integers(-(2**63), 2**63 - 1),
+            "float": st.floats(),
+            "mixed": st.one_of(st.none(), st.integers(-5, 5), text, st.floats(allow_nan=False)),
+            "nested": nested,
+        }[kind]
+        values = lst(strategy)
+        return tuple(values) if param == "tuple" else values
+    if kind == "bool":
+        return lst(st.booleans())
+    if kind == "ids":
+        return lst(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6))
+    if kind == "dict":
+        return lst(st.dictionaries(text, scalars, max_size=3))
+    if kind == "tuple_str":
+        return tuple(lst(text))
+    if kind == "npscalar":
+        return [np.float32(i / 3) if i % 2 else np.int16(-i) for i in range(seed, seed + n)]
+    if kind == "np_elem":
+        return [small_array(NP_DTYPES[(seed + i) % len(NP_DTYPES)], (i % 3, 2), seed + i) for i in range(n)]
+    if kind == "tensor_elem":
+        return [small_tensor(TORCH_DTYPES[(seed + i) % len(TORCH_DTYPES)], (i % 3,), seed + i) for i in range(n)]
+    if kind == "objarray":
+        arr = np.empty(n, dtype=object)
+        arr[:] = [("x", i) if i % 2 else None for i in range(n)]
+        return arr
+    if kind == "ndarray":
+        dtype, trailing = param
+        return small_array(dtype, (n, *trailing), seed)
+    dtype, trailing = param
+    return small_tensor(dtype, (n, *trailing), seed)
+
+
+# --------------------------------------------------------------------------------------------- the reward
+
+RESULT_KINDS = ["list", "tuple", "ndarray", "tensor", "dict", "echo_list"]
+
+
+def context_of(mode: str, gid: Sequence[int], key: Sequence[Any], group_size: int | None) -> list[int]:
+    """What each sample's score depends on besides itself: the batch size, or the size of its group."""
+    if mode in ("main", "replicate"):
+        return [len(gid)] * len(gid)
+    if mode == "shard_size":
+        assert group_size is not None
+        return [group_size] * len(gid)
+    counts = Counter(key)
+    return [counts[k] for k in key]
+
+
+def build_result(kind: str, gid: Sequence[int], ctx: Sequence[int], cols: dict[str, Any]) -> Any:
+    """Per-sample results that identify each sample (``gid``) and echo its columns exactly."""
+    if kind == "list":
+        return [g * 10 + c for g, c in zip(gid, ctx, strict=True)]
+    if kind == "tuple":
+        return tuple(f"{g}/{c}" for g, c in zip(gid, ctx, strict=True))
+    if kind == "ndarray":
+        return np.array([g + c / 1000 for g, c in zip(gid, ctx, strict=True)], dtype=np.float64).reshape(-1)
+    if kind == "tensor":
+        return torch.tensor([[g, c] for g, c in zip(gid, ctx, strict=True)], dtype=torch.int64).reshape(-1, 2)
+    if kind == "echo_list":  # every column's value per sample, through the generic encoding
+        names = sorted(cols)
+        return [(g, c, *(cols[n][i] for n in names)) for i, (g, c) in enumerate(zip(gid, ctx, strict=True))]
+    out: dict[str, Any] = {"gid": list(gid), "ctx": torch.tensor(list(ctx), dtype=torch.int32)}
+    out.update({f"echo_{n}": v for n, v in sorted(cols.items())})  # each column's own container
+    return out
+
+
+def make_reward(mode: str, result_kind: str, group_size: int | None, key_counts: dict[Any, int]) -> Callable[..., Any]:
+    def reward(gid: Any, key: Any, **cols: Any) -> Any:
+        gid, key = list(gid), list(key)
+        # what the function sees: global order, and for shard whole groups only
+        assert gid == sorted(gid), f"batch out of order: {gid}"
+        if mode == "shard_size":
+            assert group_size is not None
+            sizes = Counter(g // group_size for g in gid)
+            assert all(v == group_size for v in sizes.values()), f"split group: {sizes}"
+        if mode == "shard_by":
+            assert all(Counter(key)[k] == key_counts[k] for k in key), f"split group: {Counter(key)} vs {key_counts}"
+        return build_result(result_kind, gid, context_of(mode, gid, key, group_size), cols)
+
+    reward.__qualname__ = f"reward_{mode}_{result_kind}"
+    return reward
+
+
+def decorate(mode: str, fn: Callable[..., Any], backend: Any, group_size: int | None) -> Callable[..., Any]:
+    if mode == "shard_size":
+        return synced_reward(mode="shard", group_size=group_size, backend=backend, timeout=30)(fn)
+    if mode == "shard_by":
+        return synced_reward(mode="shard", group_by="key", backend=backend, timeout=30)(fn)
+    return synced_reward(mode=mode, backend=backend, timeout=30)(fn)  # type: ignore[arg-type]
+
+
+def check_example(
+    world_size: int,
+    batches: list[dict[str, Any]],
+    mode: str,
+    result_kind: str,
+    group_size: int | None,
+) -> None:
+    gids = [g for b in batches for g in b["gid"]]
+    keys = [k for b in batches for k in b["key"]]
+    key_counts = dict(Counter(keys))
+    total = len(gids)
+    fn = make_reward(mode, result_kind, group_size, key_counts)
+
+    def body(rank: int, backend: FakeBackend) -> Any:
+        b = batches[rank]
+        return decorate(mode, fn, backend, group_size)(b["gid"], key=b["key"], **b["cols"])
+
+    results = run_threads(world_size, body)
+    for rank, (status, value) in enumerate(results):
+        assert status == "ok", f"rank {rank} raised {status}: {value}"
+        b = batches[rank]
+        if mode.startswith("shard") and total == 0 and world_size > 1:
+            assert value == []  # documented: nobody scores an empty global batch in shard mode
+            continue
+        # the oracle: the same per-sample results, computed for this rank's samples with the global context
+        ctx = context_of(mode, gids, keys, group_size)
+        offset = sum(len(x["gid"]) for x in batches[:rank])
+        expected = build_result(result_kind, b["gid"], ctx[offset : offset + len(b["gid"])], b["cols"])
+        assert same(value, expected), f"rank {rank} ({mode}, {result_kind}): got {value!r}, expected {expected!r}"
+
+
+@st.composite
+def examples(draw: st.DrawFn) -> tuple[int, list[dict[str, Any]], str, int]:
+    world_size = draw(st.integers(1, 4))
+    sizes = draw(st.lists(st.integers(0, 20), min_size=world_size, max_size=world_size))
+    schema = draw(schemas())
+    key_kind = draw(st.sampled_from(["int", "str", "tuple"]))
+    batches = []
+    start = 0
+    for rank, n in enumerate(sizes):
+        raw_keys = draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+        keys = [k if key_kind == "int" else f"k{k}" if key_kind == "str" else (k, "x") for k in raw_keys]
+        cols = {
+            name: column(draw, kind, param, n, seed=1000 * rank + i) for i, (name, kind, param) in enumerate(schema)
+        }
+        batches.append({"gid": list(range(start, start + n)), "key": keys, "cols": cols})
+        start += n
+    result_kind = draw(st.sampled_from(RESULT_KINDS))
+    total = sum(sizes)
+    divisors = [d for d in range(1, total + 1) if total % d == 0] or [1]
+    group_size = draw(st.sampled_from(divisors))
+    return world_size, batches, result_kind, group_size
+
+
+PROPERTY = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+)
+
+
+@PROPERTY
+@given(examples())
+def test_every_rank_gets_exactly_its_own_results_in_every_mode(
+    example: tuple[int, list[dict[str, Any]], str, int],
+) -> None:
+    world_size, batches, result_kind, group_size = example
+    for mode in ("main", "replicate", "shard_size", "shard_by"):
+        check_example(world_size, batches, mode, result_kind, group_size)
+
+
+async def _areward(completions: Any, idx: Any, delay: float = 0.0, **kwargs: Any) -> list[Any]:
+    await asyncio.sleep(delay)
+    return [(c, i, len(completions)) for c, i in zip(completions, idx, strict=True)]
+
+
+@settings(max_examples=max(EXAMPLES // 4, 30), deadline=None, database=None)
+@given(
+    world_size=st.integers(2, 4),
+    sizes=st.lists(st.integers(0, 6), min_size=4, max_size=4),
+    delays=st.lists(st.sampled_from([0.0, 0.001, 0.003]), min_size=12, max_size=12),
+    modes=st.lists(st.sampled_from(["main", "replicate"]), min_size=3, max_size=3),
+)
+def test_concurrent_async_calls_keep_their_samples_apart(
+    world_size: int, sizes: list[int], delays: list[float], modes: list[str]
+) -> None:
+    """Three async synced calls in flight at once per rank, finishing in a different order on every rank."""
+    sizes = sizes[:world_size]
+    total = sum(sizes)
+
+    def body(rank: int, backend: FakeBackend) -> Any:
+        fns = [synced_reward(mode=m, backend=backend, timeout=30)(_areward) for m in modes]
+        start = sum(sizes[:rank])
+        comps = [f"s{start + i}" for i in range(sizes[rank])]
+
+        async def go() -> list[Any]:
+            return list(
+                await asyncio.gather(
+                    *(
+                        f(comps, [(j, start + i) for i in range(sizes[rank])], delay=delays[4 * j + rank])
+                        for j, f in enumerate(fns)
+                    )
+                )
+            )
+
+        return asyncio.run(go())
+
+    results = run_threads(world_size, body)
+    for rank, (status, value) in enumerate(results):
+        assert status == "ok", value
+        start = sum(sizes[:rank])
+        for j in range(3):
+            assert value[j] == [(f"s{start + i}", (j, start + i), total) for i in range(sizes[rank])]
+
+
+# --------------------------------------------------------------------------------------------- fast unit suite
+
+
+def _plain(completions: Any, **kwargs: Any) -> list[float]:
+    return [float(len(c)) + len(completions) / 100 for c in completions]
+
+
+def _fails_on(completions: Any, fail: bool = False, **kwargs: Any) -> list[float]:
+    if fail:
+        raise ValueError("boom")
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("mode", ["main", "replicate", "shard"])
+def test_unit_fixed_batch_matches_the_oracle(mode: str) -> None:
+    batches = [["a", "bb"], [], ["ccc", "dddd", "e", "ff"]]
+    flat = [c for b in batches for c in b]
+    extra = {"group_size": 2} if mode == "shard" else {}
+
+    def body(rank: int, backend: FakeBackend) -> Any:
+        f = synced_reward(mode=mode, backend=backend, timeout=10, **extra)(_plain)  # type: ignore[call-overload]
+        return [f(batches[rank]) for _ in range(3)]
+
+    results = run_threads(3, body)
+    for rank, (status, value) in enumerate(results):
+        assert status == "ok", value
+        if mode == "shard":  # each group of 2 is scored alone
+            want = [float(len(c)) + 0.02 for c in batches[rank]]
+        else:
+            want = [float(len(c)) + len(flat) / 100 for c in batches[rank]]
+        assert value == [want] * 3
+
+
+@pytest.mark.parametrize("mode", ["main", "replicate", "shard"])
+def test_unit_failure_on_one_rank_raises_everywhere_then_recovers(mode: str) -> None:
+    extra = {"group_size": 1} if mode == "shard" else {}
+    failing_rank = 0 if mode == "main" else 2
+
+    def body(rank: int, backend: FakeBackend) -> Any:
+        f = synced_reward(mode=mode, backend=backend, timeout=10, **extra)(_fails_on)  # type: ignore[call-overload]
+        out = []
+        for fail in (rank == failing_rank, False):
+            try:
+                out.append(("ok", f([f"c{rank}"], fail=fail)))
+            except Exception as e:
+                out.append((type(e).__name__, getattr(e, "origin_rank", None)))
+        return out
+
+    for rank, (status, value) in enumerate(run_threads(3, body)):
+        assert status == "ok", value
+        if rank == failing_rank:
+            assert value[0] == ("ValueError", None)
+        else:
+            assert value[0] == ("RemoteError", failing_rank)
+        assert value[1] == ("ok", [1.0])
+
+
+def test_unit_mismatch_and_timeout_on_fake_backend() -> None:
+    def other(completions: Any, **kwargs: Any) -> list[float]:
+        return [0.0] * len(completions)
+
+    def body(rank: int, backend: FakeBackend) -> Any:
+        f = synced_reward(backend=backend, timeout=1.0)(_plain)
+        g = synced_reward(backend=backend, timeout=1.0)(other)
+        out = []
+        try:
+            (f if rank == 0 else g)(["x"])
+        except syncreward.MismatchError as e:
+            out.append(("MismatchError", "_plain" in str(e) and "other" in str(e)))
+        out.append(f(["x"]))
+        t0 = time.perf_counter()
+        try:
+            if rank != 1:
+                f(["x"])
+        except SyncTimeoutError:
+            out.append(("SyncTimeoutError", round(time.perf_counter() - t0)))
+        return out
+
+    results = run_threads(3, body)
+    for rank, (status, value) in enumerate(results):
+        assert status == "ok", value
+        assert value[0] == ("MismatchError", True)
+        assert value[1] == [1.03]
+        if rank != 1:
+            assert value[2] == ("SyncTimeoutError", 1)
