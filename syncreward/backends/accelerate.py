@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .._errors import BackendError
@@ -47,5 +48,16 @@ def accelerate_backend() -> TorchDistributedBackend | LocalBackend:
     """The backend for the current accelerate job (a local backend when it runs a single process)."""
     state = _partial_state()
     if state.num_processes <= 1:
+        import torch.distributed as dist
+
+        ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        env = os.environ.get("WORLD_SIZE", "1")
+        ranks = max(ranks, int(env) if env.isdigit() else 1)
+        if ranks > 1:  # scoring each rank alone would silently give wrong rewards
+            raise BackendError(
+                f"accelerate reports a single process, but this job runs {ranks} ranks (torch.distributed / "
+                "WORLD_SIZE). HINT: on a CPU-only machine create the Accelerator or PartialState with cpu=True, "
+                "or pass backend='torch'."
+            )
         return LocalBackend()
     return AccelerateBackend(state)
