@@ -210,6 +210,45 @@ def single_process_overhead(number: int, repeat: int) -> dict[str, Any]:
     return out
 
 
+def codec_costs(payloads: list[str], repeat: int = 5) -> dict[str, Any]:
+    """Single-process cost of syncreward's codec vs pickle, per column of one rank's batch (min of repeats)."""
+    import pickle
+
+    from _payloads import make_batch
+
+    from syncreward._codec import Column, container_of, decode_frame, encode_frame
+
+    def best(fn: Any, n: int) -> float:
+        return min(timeit.repeat(fn, number=n, repeat=repeat)) / n * 1e3
+
+    out: dict[str, Any] = {}
+    for payload in payloads:
+        batch = make_batch(payload, 1, 4)
+        rows: dict[str, Any] = {}
+        items: list[tuple[str, Any]] = [*batch.items(), ("(all columns)", None)]
+        for name, values in items:
+            cols = (
+                [Column(k, container_of(v), v) for k, v in batch.items()]  # type: ignore[arg-type]
+                if values is None
+                else [Column(name, container_of(values), values)]  # type: ignore[arg-type]
+            )
+            obj = batch if values is None else values
+            n = len(batch["completions"])
+            frame = bytes(encode_frame(cols, n))
+            pick = pickle.dumps(obj)
+            reps = max(3, int(2e5 / max(len(frame), 1)))
+            rows[name] = {
+                "frame_bytes": len(frame),
+                "pickle_bytes": len(pick),
+                "encode_ms": best(lambda cols=cols, n=n: encode_frame(cols, n), reps),
+                "decode_ms": best(lambda frame=frame: decode_frame(frame), reps),
+                "pickle_dumps_ms": best(lambda obj=obj: pickle.dumps(obj), reps),
+                "pickle_loads_ms": best(lambda pick=pick: pickle.loads(pick), reps),
+            }
+        out[payload] = rows
+    return out
+
+
 # --------------------------------------------------------------------------------------------- aggregation
 
 
@@ -354,6 +393,24 @@ def markdown(results: dict[str, Any]) -> str:
                     f"{_kb(s['sent_total'])} | {_kb(s['recv_peak_rank0'])} | {_ok(s['correct'])} |"
                 )
             lines.append("")
+    return "\n".join(lines)
+
+
+def markdown_codec(results: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for payload, rows in results.get("codec", {}).items():
+        lines += [
+            f"**Codec vs pickle, one rank's `{payload}` batch (single process, ms, min of repeats)**",
+            "",
+            "| column | frame bytes | pickle bytes | encode_frame | decode_frame | pickle.dumps | pickle.loads |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in rows.items():
+            lines.append(
+                f"| `{name}` | {r['frame_bytes']:,} | {r['pickle_bytes']:,} | {r['encode_ms']:.3f} | "
+                f"{r['decode_ms']:.3f} | {r['pickle_dumps_ms']:.3f} | {r['pickle_loads_ms']:.3f} |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -529,7 +586,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--tune-malloc",
         action="store_true",
-        help="raise glibc's mmap/trim thresholds in the ranks (isolates the cost of page-faulting fresh buffers)",
+        help="raise glibc's mmap/trim thresholds (ranks and this process): isolates the cost of page-faulting "
+        "fresh large buffers",
     )
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per launch before the ranks are killed")
     ap.add_argument("--out", type=Path, help="write all results as JSON here")
@@ -550,8 +608,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "load_before": loadavg(),
         "world_sizes": {},
     }
+    if args.tune_malloc:
+        from _bench_ranks import tune_malloc
+
+        tune_malloc()
     if args.overhead_number:
         results["overhead"] = single_process_overhead(args.overhead_number, args.overhead_repeat)
+        results["codec"] = codec_costs([p for p in args.payloads if p != "skewed"])
     cfg = {
         "payloads": args.payloads,
         "variants": args.variants,
@@ -581,7 +644,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.out.write_text(json.dumps(results, indent=1))
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(markdown(results) + "\n\n" + markdown_profile(results))
+        parts = [markdown(results), markdown_profile(results), markdown_codec(results)]
+        args.markdown.write_text("\n\n".join(parts))
     if args.plot_dir:
         for path in plot(results, args.plot_dir):
             print(f"wrote {path}", file=sys.stderr)
