@@ -313,6 +313,27 @@ def _encode_column_body(values: Any, container: int, out: bytearray, allow_pickl
     return E_GENERIC
 
 
+_SCALARS = frozenset({str, float, int, bool, type(None), bytes})
+
+
+def is_plain(values: Any, container: int) -> bool:
+    """Whether a column can travel without pickle (cheap type checks for the common shapes)."""
+    if container == C_TENSOR:
+        return str(values.dtype).removeprefix("torch.") in _TORCH_DTYPES
+    if container == C_NDARRAY and not values.dtype.hasobject:
+        return values.dtype.fields is None and bool(_NP_DTYPE_RE.match(values.dtype.str))
+    types = set(map(type, values))
+    if types <= _SCALARS:
+        return True
+    if types == {list} and set(map(type, chain.from_iterable(values))) <= _SCALARS:
+        return True
+    try:
+        _encode_column_body(values, container, bytearray(), False)
+    except UnsupportedTypeError:
+        return False
+    return True
+
+
 class Column:
     """A per-sample column: its name, how it was passed (container code) and its values."""
 

@@ -30,7 +30,7 @@ import torch
 
 from ._batch import concat, rebuild_result, result_columns, take
 from ._binding import Binder, Bound
-from ._codec import C_TENSOR, CONTAINERS, Column, decode_frame, decode_value, encode_frame
+from ._codec import C_TENSOR, CONTAINERS, Column, decode_frame, decode_value, encode_frame, is_plain
 from ._errors import CodecError, InputError, RemoteError
 from ._exchange import (
     FAILED,
@@ -55,7 +55,7 @@ _CHUNK = struct.Struct("<BBxxIQ")  # status, overflow round follows, next per-sa
 _BASE_CAPACITY = 240
 _DEFAULT_PER_SAMPLE = 16
 _MAX_PER_SAMPLE = 1 << 20
-_MAX_EAGER_WORDS = (4 << 20) // 8  # replicate payloads up to 4 MiB per rank ride in the header collective
+_MAX_EAGER_WORDS = (256 << 10) // 8  # replicate payloads up to 256 KiB per rank ride in the header collective
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,10 @@ class Call:
             part = eager[: slot.size]
             slot[: len(part)] = np.frombuffer(part, dtype=np.uint8)
         gathered = self.link.all_gather(row, 0, self.timeout)
+        # Only a successful replicate call sizes the slot for the next call (below); every other outcome
+        # (another mode, a failure, a mismatch) empties it. All ranks see the same headers, so the slot
+        # size stays identical everywhere -- it must: gloo aborts the process on mismatched sizes.
+        self.link.eager_words = 0
         h = gathered[:, :HEADER_LEN]
         self.link.check_header(h, self.error, self.blob, self.description, 0, self.timeout, self.spec.name)
         self.eager_in = np.ascontiguousarray(gathered[:, HEADER_LEN:]).view(np.uint8)
@@ -272,6 +276,17 @@ class Call:
 
 class MainCall(Call):
     """``mode="main"``: the whole batch goes to rank 0, which scores it once and sends back the slices."""
+
+    def prepare(self) -> None:
+        if self.rank != ROOT:
+            super().prepare()
+            return
+        # Rank 0 scores its own columns as passed and sends nothing: skip encoding, only decide which
+        # **kwargs columns hold non-plain data (the others drop those too).
+        assert self.bound is not None
+        for i, col in enumerate(self.bound.columns):
+            if i < MAX_DROPPABLE and col.name in self.bound.droppable and not is_plain(col.values, col.container):
+                self.dropped_local.append(col.name)
 
     def pre(self) -> None:
         try:

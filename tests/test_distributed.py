@@ -13,6 +13,7 @@ import torch
 
 import syncreward
 from syncreward import synced_reward
+from syncreward._exchange import get_link
 from syncreward.testing import run_ranks
 
 pytestmark = pytest.mark.multiprocess
@@ -372,7 +373,7 @@ def test_non_plain_kwargs_columns_are_left_behind_with_a_placeholder() -> None:
 # --------------------------------------------------------------------------------------------- collectives
 
 
-def counting_body(rank: int, world_size: int) -> dict[str, list[int]]:
+def counting_body(rank: int, world_size: int) -> dict[str, Any]:
     """Count the collectives each synced call issues, in the steady state (after a warm-up call)."""
     backend = syncreward.resolve_backend("torch")
     counts = {"n": 0}
@@ -384,14 +385,15 @@ def counting_body(rank: int, world_size: int) -> dict[str, list[int]]:
             return _original(*args, **kwargs)
 
         setattr(backend, name, counted)
-    out: dict[str, list[int]] = {}
+    out: dict[str, Any] = {}
     b = local_batch(rank, world_size)
-    for name, f in [("main", main_batch), ("replicate", replicate_batch)]:
+    for name, f in [("main", main_batch), ("replicate", replicate_batch), ("main_after_replicate", main_batch)]:
         out[name] = []
         for _ in range(3):
             counts["n"] = 0
             f(**b)
             out[name].append(counts["n"])
+        out[name + "_slot"] = get_link(backend).eager_words
     return out
 
 
@@ -400,6 +402,9 @@ def test_collectives_per_call() -> None:
         assert res["main"] == [3, 3, 3], res
         # the first replicate call sizes the eager slot; after that the payload rides in the header
         assert res["replicate"][1:] == [2, 2], res
+        assert res["replicate_slot"] > 0
+        # a main call empties the slot, so it does not carry replicate's payload slot along
+        assert res["main_after_replicate"] == [3, 3, 3] and res["main_after_replicate_slot"] == 0, res
 
 
 # --------------------------------------------------------------------------------------------- subgroups

@@ -255,7 +255,13 @@ def _make_coordinator_class() -> Any:
                     del self.slots[key]
 
         async def exchange(
-            self, rank: int, token: str, channel: int, kind: int, payload: Any, counts: Sequence[int] | None,
+            self,
+            rank: int,
+            token: str,
+            channel: int,
+            kind: int,
+            payload: Any,
+            counts: Sequence[int] | None,
             timeout: float,
         ) -> tuple[str, Any]:
             member = self.members.get(rank)
@@ -555,15 +561,19 @@ def join(
     settings = dict(_settings or {})
     deadline = time.monotonic() + timeout
     while True:
-        coord = _coordinator_class().options(
-            name=_actor_name(group),
-            namespace=_NAMESPACE,
-            get_if_exists=True,
-            lifetime="detached",
-            num_cpus=0,
-            max_restarts=0,
-            max_concurrency=max(1000, 4 * world_size + 16),
-        ).remote(group, world_size, settings)
+        coord = (
+            _coordinator_class()
+            .options(
+                name=_actor_name(group),
+                namespace=_NAMESPACE,
+                get_if_exists=True,
+                lifetime="detached",
+                num_cpus=0,
+                max_restarts=0,
+                max_concurrency=max(1000, 4 * world_size + 16),
+            )
+            .remote(group, world_size, settings)
+        )
         try:
             status, message = ray.get(
                 coord.register.remote(rank, world_size, token, actor), timeout=max(deadline - time.monotonic(), 1.0)
