@@ -173,6 +173,7 @@ def mode_cases(mode: str, rank: int, world_size: int, backend: str, marker_dir: 
     case("raises_on_rank0", lambda: f_raise(comps, fail_rank=0))
     if mode != "main":  # in main only rank 0 runs the function
         case("raises_on_last_rank", lambda: f_raise(comps, fail_rank=last))
+        case("raises_on_every_rank", lambda: f_raise(comps, fail_rank=rank))
     bad = comps[:-1] if rank == last else comps
     case("lengths_disagree", lambda: synced(two_columns, mode, backend)(comps, bad))
     opaque: list[Any] = [Opaque() for _ in comps] if rank == 1 else ["x" for _ in comps]
@@ -274,20 +275,20 @@ def _report() -> Iterator[None]:
 
 
 def record(backend: str, world_size: int, results: list[dict[str, Any]]) -> None:
+    def add(rank: int, name: str, o: dict[str, Any]) -> None:
+        detail = o.get("exc_type") or o.get("msg", "")[:160]
+        ROWS.append(
+            {"backend": backend, "world_size": world_size, "case": name, "rank": rank, "kind": o["kind"],
+             "s": round(o["s"], 4), "detail": detail}
+        )  # fmt: skip
+
     for rank, res in enumerate(results):
         for name, o in res.items():
             if isinstance(o, dict) and "kind" in o:
-                ROWS.append(
-                    {
-                        "backend": backend,
-                        "world_size": world_size,
-                        "case": name,
-                        "rank": rank,
-                        "kind": o["kind"],
-                        "s": round(o["s"], 4),
-                        "detail": o.get("exc_type") or o.get("msg", "")[:160],
-                    }
-                )
+                add(rank, name, o)
+                if isinstance(o.get("value"), list) and all(isinstance(x, dict) and "kind" in x for x in o["value"]):
+                    for i, inner in enumerate(o["value"]):  # different_order: the two calls inside
+                        add(rank, f"{name}#{i + 1}", inner)
 
 
 # --------------------------------------------------------------------------------------------- assertions
@@ -328,6 +329,9 @@ def check_matrix(results: list[dict[str, Any]], world_size: int, marker_dir: str
             got = at(f"{mode}/raises_on_last_rank")
             assert got[last]["kind"] == "ValueError"
             assert all(remote(got[r], last, "ValueError") for r in ranks if r != last), got
+            got = at(f"{mode}/raises_on_every_rank")  # each rank raises its own (shard: every rank scores)
+            assert [o["kind"] for o in got] == ["ValueError"] * world_size, got
+            assert [o["msg"] for o in got] == [f"boom on rank {r}" for r in ranks], got
         got = at(f"{mode}/lengths_disagree")
         assert got[last]["kind"] == "InputError"
         assert "different lengths" in got[last]["msg"]
