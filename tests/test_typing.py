@@ -14,7 +14,7 @@ ROOT = Path(__file__).parent.parent
 def test_mypy_strict_on_package_and_typing_tests() -> None:
     pytest.importorskip("mypy")
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "syncreward", "tests/typing"]  # strict, from pyproject.toml,
+        [sys.executable, "-m", "mypy", "syncreward", "tests/typing"],  # strict, from pyproject.toml
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
