@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from typing import Any
@@ -58,6 +59,23 @@ def _env_world_size() -> str:
     if raw is None:
         return "1"
     return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _release() -> None:
+    """Drop syncreward's references to its gloo groups while the interpreter is still whole.
+
+    Left to interpreter teardown, a gloo group's destructor joins its worker threads at a point where
+    they may need the GIL; releasing them from an ``atexit`` hook (which runs first) avoids that.
+    """
+    for backend in _cache.values():
+        release = getattr(backend, "release", None)
+        if release is not None:
+            release()
+    _cache.clear()
+    _keepalive.clear()
+
+
+atexit.register(_release)
 
 
 def _cached(kind: str, process_group: Any, make: Any) -> Any:

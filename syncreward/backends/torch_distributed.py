@@ -88,6 +88,11 @@ class TorchDistributedBackend:
 
     # ------------------------------------------------------------------------------------------ setup
 
+    def release(self) -> None:
+        """Forget the gloo groups (at exit; a later call would create new ones)."""
+        self._groups = None
+        self._store = None
+
     def _channel(self, channel: int, timeout: float) -> Any:
         if self._broken is not None:
             raise GroupBrokenError(
