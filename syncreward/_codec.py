@@ -247,7 +247,7 @@ def encode_value(obj: object, out: bytearray, allow_pickle: bool = False, _depth
         d = obj.dtype.str.encode()
         out += _U8.pack(len(d))
         out += d
-        out += obj.tobytes()
+        out += obj.tobytes()[: obj.dtype.itemsize]  # np.str_("") is "<U0" yet tobytes() gives 4 bytes
     elif isinstance(obj, torch.Tensor):
         out.append(T_TENSOR)
         _encode_tensor(obj, out)  # type: ignore[arg-type]
@@ -542,6 +542,8 @@ def _decode(r: _Reader, depth: int) -> Any:
         if not _NP_DTYPE_RE.match(dname):
             raise CodecError(f"unsupported scalar dtype {dname!r} in payload")
         dt = _np_dtype(dname)
+        if dt.itemsize == 0:  # an empty numpy str or bytes scalar, np.str_("") ("<U0")
+            return dt.type()
         return np.frombuffer(r.take(dt.itemsize), dtype=dt)[0]
     if tag == T_TENSOR:
         return _decode_tensor(r)

@@ -134,6 +134,8 @@ NUMPY_SCALARS: list[Any] = [
     np.bool_(False),
     np.str_("héllo"),
     np.bytes_(b"\x00ab"),
+    np.str_(""),  # dtype <U0: no bytes at all
+    np.bytes_(b""),
 ]
 CONTAINERS: list[Any] = [
     [],
