@@ -548,7 +548,7 @@ def test_unit_mismatch_and_timeout_on_fake_backend() -> None:
             if rank != 1:
                 f(["x"])
         except SyncTimeoutError:
-            out.append(("SyncTimeoutError", round(time.perf_counter() - t0)))
+            out.append(("SyncTimeoutError", time.perf_counter() - t0))
         return out
 
     results = run_threads(3, body)
@@ -557,4 +557,5 @@ def test_unit_mismatch_and_timeout_on_fake_backend() -> None:
         assert value[0] == ("MismatchError", True)
         assert value[1] == [1.03]
         if rank != 1:
-            assert value[2] == ("SyncTimeoutError", 1)
+            assert value[2][0] == "SyncTimeoutError"
+            assert 0.9 < value[2][1] < 5.0, value
