@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _helpers import outcome as _outcome
 
 import syncreward
 from syncreward import synced_reward
@@ -253,20 +254,6 @@ main_named = synced_reward(named_solution)
 
 class Opaque:
     pass
-
-
-def _outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, Any, float]:
-    t0 = time.perf_counter()
-    try:
-        value = fn(*args, **kwargs)
-    except Exception as e:
-        info: Any = str(e)
-        if isinstance(e, syncreward.RemoteError):
-            info = (e.origin_rank, e.exc_type, e.exc_message)
-        if isinstance(e, syncreward.SyncTimeoutError):
-            info = e.missing_ranks
-        return type(e).__name__, info, time.perf_counter() - t0
-    return "ok", value, time.perf_counter() - t0
 
 
 def failure_body(rank: int, world_size: int) -> dict[str, Any]:

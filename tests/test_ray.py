@@ -20,6 +20,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 import syncreward  # noqa: E402
+from _helpers import outcome  # noqa: E402
 from syncreward import synced_reward  # noqa: E402
 from syncreward.backends import resolve_backend  # noqa: E402
 from syncreward.backends.ray import _NAMESPACE, RayBackend, _actor_name, destroy, join  # noqa: E402
@@ -241,20 +242,6 @@ main_failing = synced_reward(backend="ray")(fails_here)
 replicate_failing = synced_reward(mode="replicate", backend="ray")(fails_here)
 shard_failing = synced_reward(mode="shard", group_size=1, backend="ray")(fails_here)
 main_tight = synced_reward(backend="ray", timeout=1.5)(batch_reward)
-
-
-def outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[str, Any, float]:
-    t0 = time.perf_counter()
-    try:
-        value = fn(*args, **kwargs)
-    except Exception as e:
-        info: Any = str(e)
-        if isinstance(e, syncreward.RemoteError):
-            info = (e.origin_rank, e.exc_type, e.exc_message)
-        elif isinstance(e, syncreward.SyncTimeoutError):
-            info = e.missing_ranks
-        return type(e).__name__, info, time.perf_counter() - t0
-    return "ok", value, time.perf_counter() - t0
 
 
 def raising_body(rank: int, world_size: int) -> dict[str, Any]:
