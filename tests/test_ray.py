@@ -19,8 +19,9 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-import syncreward  # noqa: E402
 from _helpers import outcome  # noqa: E402
+
+import syncreward  # noqa: E402
 from syncreward import synced_reward  # noqa: E402
 from syncreward.backends import resolve_backend  # noqa: E402
 from syncreward.backends.ray import _NAMESPACE, RayBackend, _actor_name, destroy, join  # noqa: E402
