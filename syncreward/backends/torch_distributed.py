@@ -112,7 +112,8 @@ class TorchDistributedBackend:
                 dist.new_group(
                     ranks=self._ranks,
                     backend="gloo",
-                    timeout=_timedelta(timeout + _GLOO_MARGIN_S),
+                    # the rendezvous has no wait loop of ours around it: its own timeout is the user's
+                    timeout=_timedelta(timeout),
                     use_local_synchronization=True,
                     group_desc=f"syncreward_channel{c}",
                 )
