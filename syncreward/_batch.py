@@ -39,8 +39,12 @@ def concat(name: str, parts: Sequence[Any], container: int, device: torch.device
     nonempty = [p for p in parts if len(p)] or list(parts[:1])
     if container == C_NDARRAY:
         arrays = [_as_container(p, C_NDARRAY) for p in nonempty]
-        # a str/bytes array is as wide as its longest entry, which differs between ranks: only the kind must agree
-        _check_same(name, [(a.dtype.kind if a.dtype.kind in "US" else str(a.dtype), a.shape[1:]) for a in arrays])
+        # a str/bytes array is as wide as its longest entry, which differs between ranks: only the kind must agree.
+        # Byte order does not matter either: np.concatenate returns native order whenever it joins two parts.
+        _check_same(
+            name,
+            [(a.dtype.kind if a.dtype.kind in "US" else str(a.dtype.newbyteorder("=")), a.shape[1:]) for a in arrays],
+        )
         return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
     tensors = [p if device is None else p.to(device) for p in nonempty]
     _check_same(name, [(str(t.dtype), tuple(t.shape[1:])) for t in tensors])
