@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_codec import same
 
@@ -419,7 +419,21 @@ PROPERTY = settings(
 )
 
 
+BIG_ENDIAN_SHARD = (  # regression: shard results mixed '>i4' and native int32 parts (InputError)
+    4,
+    [
+        {"gid": [], "key": [], "cols": {"c0_ndarray": np.array([], dtype=">i4")}},
+        {"gid": [], "key": [], "cols": {"c0_ndarray": np.array([], dtype=">i4")}},
+        {"gid": [0, 1, 2], "key": [0, 0, 0], "cols": {"c0_ndarray": np.array([23, 57, 20], dtype=">i4")}},
+        {"gid": [3, 4, 5, 6], "key": [0] * 4, "cols": {"c0_ndarray": np.array([77, 43, 26, 32], dtype=">i4")}},
+    ],
+    "dict",
+    1,
+)
+
+
 @PROPERTY
+@example(BIG_ENDIAN_SHARD)
 @given(examples())
 def test_every_rank_gets_exactly_its_own_results_in_every_mode(
     example: tuple[int, list[dict[str, Any]], str, int],
