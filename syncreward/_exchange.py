@@ -115,7 +115,9 @@ class Link:
         self.world_size = backend.world_size
         self.turns = (Turnstile(), Turnstile())
         self.capacity: dict[int, int] = {}
-        self.eager_words = 0  # size of the header collective's payload slot; identical on every rank
+        # eager[s, d]: bytes of rank s's payload that ride to rank d in the header collective; identical
+        # on every rank, predicted from the previous call (see Call.exchange_header)
+        self.eager = np.zeros((self.world_size, self.world_size), dtype=np.int64)
         self._seq = 0
         self._lock = threading.Lock()
 

@@ -55,7 +55,8 @@ _CHUNK = struct.Struct("<BBxxIQ")  # status, overflow round follows, next per-sa
 _BASE_CAPACITY = 240
 _DEFAULT_PER_SAMPLE = 16
 _MAX_PER_SAMPLE = 1 << 20
-_MAX_EAGER_WORDS = (256 << 10) // 8  # replicate payloads up to 256 KiB per rank ride in the header collective
+_MAX_EAGER = 4 << 20  # payloads up to 4 MiB per rank and destination ride in the header collective
+_EAGER_MARGIN = 1.2  # eager chunk = 1.2 x the previous call's payload: a bit of growth still fits
 
 
 @dataclass(frozen=True)
@@ -148,32 +149,73 @@ class Call:
         mask = drop_mask(self.names, self.dropped_local)
         return [VERSION, self.seq, status, self.fp, n, size, len(self.description.encode()), aux, *mask]
 
-    def exchange_header(self, payload_bytes: int, aux: int = 0, eager: bytes | bytearray = b"") -> np.ndarray:
-        """Gather every rank's header and raise collectively on failure or mismatch.
+    def exchange_header(self, payload: bytes | bytearray = b"", aux: int = 0, dests: Sequence[int] = ()) -> np.ndarray:
+        """Send every rank this rank's header, plus the start of its payload to ``dests``; check the headers.
 
-        The gathered row is the header plus the link's *eager slot* (``Link.eager_words`` int64 words, the
-        same on every rank). ``mode="replicate"`` puts the start of its payload there, so in the steady
-        state its payload needs no second collective; the other modes leave the slot empty.
+        One ``all_to_all``: the block to rank ``d`` is the header row followed by an *eager* chunk of
+        ``Link.eager[me, d]`` bytes -- a per-pair size predicted from the previous call, identical on every
+        rank (it must be: gloo aborts the process on mismatched collective sizes). In the steady state the
+        whole payload rides in it, so the payload needs no collective of its own. Raises collectively on
+        failure or mismatch.
         """
-        row = np.zeros(HEADER_LEN + self.link.eager_words, dtype=np.int64)
-        row[:HEADER_LEN] = self.header(payload_bytes, aux)
-        if eager:
-            slot = row[HEADER_LEN:].view(np.uint8)
-            part = eager[: slot.size]
-            slot[: len(part)] = np.frombuffer(part, dtype=np.uint8)
-        gathered = self.link.all_gather(row, 0, self.timeout)
-        # Only a successful replicate call sizes the slot for the next call (below); every other outcome
-        # (another mode, a failure, a mismatch) empties it. All ranks see the same headers, so the slot
-        # size stays identical everywhere -- it must: gloo aborts the process on mismatched sizes.
-        self.link.eager_words = 0
-        h = gathered[:, :HEADER_LEN]
+        w, me = self.world_size, self.rank
+        eager = self.link.eager
+        row = np.asarray(self.header(len(payload), aux), dtype=np.int64).tobytes()
+        send = bytearray()
+        send_counts = []
+        for d in range(w):
+            cap = int(eager[me, d])
+            chunk = payload[:cap] if d in dests else b""
+            send += row
+            send += chunk
+            send += bytes(cap - len(chunk))
+            send_counts.append(len(row) + cap)
+        recv_counts = [len(row) + int(eager[s, me]) for s in range(w)]
+        buf = self.link.all_to_all(send, send_counts, recv_counts, 0, self.timeout)
+        # Only a successful call sizes the eager chunks of the next one (see predict_eager); every other
+        # outcome (a failure, a mismatch) empties them, identically on every rank.
+        self.link.eager = np.zeros((w, w), dtype=np.int64)
+        h = np.empty((w, HEADER_LEN), dtype=np.int64)
+        self.eager_in: dict[int, np.ndarray] = {}
+        self.eager_used = eager
+        pos = 0
+        for src in range(w):
+            h[src] = buf[pos : pos + len(row)].view(np.int64)
+            self.eager_in[src] = buf[pos + len(row) : pos + recv_counts[src]]
+            pos += recv_counts[src]
         self.link.check_header(h, self.error, self.blob, self.description, 0, self.timeout, self.spec.name)
-        self.eager_in = np.ascontiguousarray(gathered[:, HEADER_LEN:]).view(np.uint8)
         self.counts = [int(x) for x in h[:, H_N]]
         self.offsets = [0, *np.cumsum(self.counts).tolist()]
         self.total = self.offsets[-1]
         self.dropped = dropped_names(self.names, h)
+        self.sizes = [int(x) for x in h[:, H_SIZE]]
         return h
+
+    def receive_payloads(self, payload: bytes | bytearray, dests: Callable[[int], Sequence[int]]) -> dict[int, Any]:
+        """Complete every payload bound for this rank, after :meth:`exchange_header`.
+
+        One more ``all_to_all`` only if some payload outgrew its eager chunk. Also predicts the next call's
+        chunks from this call's sizes (identical on every rank: they all see the same headers).
+        """
+        w, me, eager, sizes = self.world_size, self.rank, self.eager_used, self.sizes
+        rest = [[max(0, sizes[s] - int(eager[s, d])) if d in dests(s) else 0 for d in range(w)] for s in range(w)]
+        frames: dict[int, Any] = {s: self.eager_in[s][: sizes[s]].data for s in range(w) if me in dests(s)}
+        if any(any(r) for r in rest):
+            mine = dests(me)
+            send = b"".join(payload[int(eager[me, d]) :] if rest[me][d] else b"" for d in range(w) if d in mine)
+            buf = self.link.all_to_all(send, rest[me], [rest[s][me] for s in range(w)], 0, self.timeout)
+            pos = 0
+            for s in range(w):
+                if rest[s][me]:
+                    head = self.eager_in[s][: int(eager[s, me])].tobytes()
+                    frames[s] = head + buf[pos : pos + rest[s][me]].tobytes()
+                    pos += rest[s][me]
+        nxt = np.zeros((w, w), dtype=np.int64)
+        for s in range(w):
+            for d in dests(s):
+                nxt[s, d] = min(_MAX_EAGER, _round8(int(sizes[s] * _EAGER_MARGIN)))
+        self.link.eager = nxt
+        return frames
 
     def skip_post(self) -> None:
         """Consume the channel-1 turn without exchanging (every rank does so when pre() failed)."""
@@ -289,19 +331,14 @@ class MainCall(Call):
                 self.dropped_local.append(col.name)
 
     def pre(self) -> None:
+        def to_root(src: int) -> Sequence[int]:
+            return () if src == ROOT else (ROOT,)
+
         try:
             with self.link.turns[0].turn(self.seq, self.timeout):
                 payload: bytes | bytearray = b"" if self.error is not None else self.frame
-                h = self.exchange_header(len(payload))
-                sizes = [int(x) for x in h[:, H_SIZE]]
-                w = self.world_size
-                send: bytes | bytearray = b""
-                if self.rank == ROOT:
-                    send_counts, recv_counts = [0] * w, [0 if s == ROOT else sizes[s] for s in range(w)]
-                else:
-                    send_counts = [sizes[self.rank] if d == ROOT else 0 for d in range(w)]
-                    recv_counts, send = [0] * w, payload
-                buf = self.link.all_to_all(send, send_counts, recv_counts, 0, self.timeout)
+                self.exchange_header(payload, dests=to_root(self.rank))
+                frames = self.receive_payloads(payload, to_root)
         except BaseException:
             self.skip_post()
             raise
@@ -309,11 +346,6 @@ class MainCall(Call):
             return
         self.scores = True
         try:
-            mv = buf.data
-            frames, pos = {}, 0
-            for s in range(self.world_size):
-                frames[s] = mv[pos : pos + recv_counts[s]]
-                pos += recv_counts[s]
             self.set_inputs(self.merge(frames, range(self.world_size)), self.recording_proxies())
         except Exception as e:
             self.score_error = e
@@ -418,29 +450,14 @@ class ReplicateCall(Call):
     """``mode="replicate"``: every rank gets the whole batch, scores it, and keeps its own slice."""
 
     def pre(self) -> None:
+        def others(src: int) -> Sequence[int]:
+            return [d for d in range(self.world_size) if d != src]
+
         try:
             with self.link.turns[0].turn(self.seq, self.timeout):
                 payload = b"" if self.error is not None else bytes(self.frame)
-                eager_bytes = 8 * self.link.eager_words
-                h = self.exchange_header(len(payload), eager=payload)
-                sizes = [int(x) for x in h[:, H_SIZE]]
-                w = self.world_size
-                rest = [max(0, size - eager_bytes) for size in sizes]
-                frames: dict[int, bytes | memoryview] = {}
-                if any(rest):  # a payload outgrew the eager slot: one all_to_all for the remainders
-                    tail = payload[eager_bytes:]
-                    send_counts = [0 if d == self.rank else len(tail) for d in range(w)]
-                    recv_counts = [0 if s == self.rank else rest[s] for s in range(w)]
-                    buf = self.link.all_to_all(tail * (w - 1), send_counts, recv_counts, 0, self.timeout)
-                    pos = 0
-                    for s in range(w):
-                        head = self.eager_in[s, : min(sizes[s], eager_bytes)].tobytes()
-                        frames[s] = head + buf[pos : pos + recv_counts[s]].tobytes()
-                        pos += recv_counts[s]
-                else:
-                    frames = {s: self.eager_in[s, : sizes[s]].data for s in range(w)}
-                # Size the next eager slot from this call's payloads (every rank sees the same sizes).
-                self.link.eager_words = min(_MAX_EAGER_WORDS, (int(max(sizes) * 1.25) + 7) // 8)
+                self.exchange_header(payload, dests=others(self.rank))
+                frames = self.receive_payloads(payload, others)
         except BaseException:
             self.skip_post()
             raise

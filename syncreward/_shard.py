@@ -72,7 +72,7 @@ class ShardCall(Call):
         w, me = self.world_size, self.rank
         try:
             with self.link.turns[0].turn(self.seq, self.timeout):
-                h = self.exchange_header(0, len(self.key_frame))
+                h = self.exchange_header(b"", len(self.key_frame))
                 self.dest = self._assignment(h)
                 local = self.dest[self.offsets[me] : self.offsets[me + 1]]
                 self.sent = [[i for i, d in enumerate(local) if d == dst] for dst in range(w)]

@@ -380,18 +380,21 @@ def counting_body(rank: int, world_size: int) -> dict[str, Any]:
             counts["n"] = 0
             f(**b)
             out[name].append(counts["n"])
-        out[name + "_slot"] = get_link(backend).eager_words
+        out[name + "_eager"] = get_link(backend).eager.tolist()
     return out
 
 
 def test_collectives_per_call() -> None:
     for res in run_ranks(counting_body, 3, timeout=120):
-        assert res["main"] == [3, 3, 3], res
-        # the first replicate call sizes the eager slot; after that the payload rides in the header
-        assert res["replicate"][1:] == [2, 2], res
-        assert res["replicate_slot"] > 0
-        # a main call empties the slot, so it does not carry replicate's payload slot along
-        assert res["main_after_replicate"] == [3, 3, 3] and res["main_after_replicate_slot"] == 0, res
+        # the first call sizes the eager chunks; after that the payload rides in the header collective
+        assert res["main"] == [3, 2, 2], res
+        assert res["replicate"] == [3, 2, 2], res  # main sized chunks to rank 0 only
+        eager = np.array(res["replicate_eager"])
+        assert (eager[~np.eye(3, dtype=bool)] > 0).all() and (np.diag(eager) == 0).all(), eager
+        # main only predicts chunks to rank 0, so it stops carrying replicate's chunks to the others
+        assert res["main_after_replicate"] == [2, 2, 2], res
+        eager = np.array(res["main_after_replicate_eager"])
+        assert (eager[:, 1:] == 0).all() and (eager[1:, 0] > 0).all(), eager
 
 
 # --------------------------------------------------------------------------------------------- subgroups
