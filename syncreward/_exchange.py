@@ -6,12 +6,13 @@ each taken in sequence order. Because the turns are taken in order per channel a
 independent, two ``async`` synced rewards that TRL runs concurrently on one event loop issue their
 collectives in the same order on every rank, while their function bodies still overlap.
 
-Each inbound exchange starts with one ``all_gather`` of a fixed-size int64 header per rank::
+Each inbound exchange starts with one ``all_to_all`` that gives every rank every other rank's fixed-size
+int64 header (and, in ``main``/``replicate``, the start of its payload -- see ``Call.exchange_header``)::
 
     [version, seq, status, fingerprint, n_samples, payload_bytes, description_bytes, aux, drop_mask x4]
 
-From the header every rank knows every other rank's batch size and payload size (so payloads move in
-one exact-size ``all_to_all`` with no padding), whether some rank failed locally (then the error
+From the header every rank knows every other rank's batch size and payload size (so any remainder of
+a payload moves in one exact-size ``all_to_all`` with no padding), whether some rank failed locally (then the error
 travels instead of the payload and every rank raises), and whether every rank is making the same
 call (function, mode and column schema fingerprint, and sequence number; if not, the descriptions
 travel and every rank raises :class:`MismatchError`).

@@ -11,10 +11,11 @@ also consumes the channel-1 turn. If it returns, ``post()`` must be called exact
 binding, encoding, decoding, the function or its result are *statuses* that travel through these
 exchanges, so every rank raises together.
 
-Collectives per call (success path): ``main`` 3 (header, payload to the scoring rank, results with a
-predicted size), plus one if a result slice outgrows its predicted size; ``replicate`` 2 (header with the
-payload in its eager slot, status), plus one when a payload outgrows the slot sized from the previous
-call; ``shard`` 5 (header, key/size exchange, payload, result header, results).
+Collectives per call (success path): ``main`` 2 (headers with the payload in per-pair eager chunks,
+results with a predicted size); ``replicate`` 2 (the same inbound exchange, then a status exchange);
+plus one when a payload outgrows the chunk predicted from the previous call (always on a function's
+first call) or a result slice outgrows its predicted size; ``shard`` 5 (header, key/size exchange,
+payload, result header, results).
 """
 
 from __future__ import annotations
