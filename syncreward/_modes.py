@@ -173,7 +173,7 @@ class Call:
             send_counts.append(len(row) + cap)
         recv_counts = [len(row) + int(eager[s, me]) for s in range(w)]
         buf = self.link.all_to_all(send, send_counts, recv_counts, 0, self.timeout)
-        # Only a successful call sizes the eager chunks of the next one (see predict_eager); every other
+        # Only a successful call sizes the eager chunks of the next one (receive_payloads); every other
         # outcome (a failure, a mismatch) empties them, identically on every rank.
         self.link.eager = np.zeros((w, w), dtype=np.int64)
         h = np.empty((w, HEADER_LEN), dtype=np.int64)
