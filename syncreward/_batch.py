@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._codec import C_LIST, C_NDARRAY, C_TENSOR, C_TUPLE, CONTAINERS, Column, container_of
+from ._codec import C_LIST, C_NDARRAY, C_TENSOR, C_TUPLE, Column, container_of
 from ._errors import InputError, ResultLengthError
 
 __all__ = ["concat", "rebuild_result", "result_columns", "take"]
@@ -116,7 +116,3 @@ def rebuild_result(keys: list[Any] | None, columns: Sequence[Column], device: to
     if keys is None:
         return values[0]
     return dict(zip(keys, values, strict=True))
-
-
-def describe(container: int) -> str:
-    return CONTAINERS[container]
