@@ -25,17 +25,15 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def test_accelerate_launch_syncs_over_accelerate_backend() -> None:
+def test_accelerate_launch_syncs_over_accelerate_backend(tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(JOB),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=_clean_env())
+    env = {**_clean_env(), "SYNCREWARD_JOB_OUT": str(tmp_path)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    results = sorted(
-        (json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")),
-        key=lambda r: r["rank"],
-    )
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
     assert [r["rank"] for r in results] == [0, 1], proc.stdout + proc.stderr
     everything = [c for r in results for c in r["completions"]]
     mean = sum(map(len, everything)) / len(everything)

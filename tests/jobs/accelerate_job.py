@@ -49,7 +49,9 @@ def main() -> None:
     except Exception as e:
         out["error"] = [type(e).__name__, getattr(e, "origin_rank", None)]
     out["is_accelerate_backend"] = isinstance(backend, AccelerateBackend)
-    print("RESULT " + json.dumps(out), flush=True)
+    # one file per rank: lines the ranks print to a shared stdout can interleave
+    with open(os.path.join(os.environ["SYNCREWARD_JOB_OUT"], f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
     accelerator.wait_for_everyone()
 
 
