@@ -1,40 +1,53 @@
 """The wire format: plain data and columns of it, without pickle.
 
 Decoding never executes code. Plain data -- ``str``, ``bytes``, ``int``, ``float``, ``bool``, ``None``,
-lists, tuples, dicts, numpy arrays and scalars, torch tensors -- is written with a small tagged binary
-format; arrays and tensors travel as raw buffers (CUDA tensors are copied to the CPU first). Any other
-object is refused unless the caller opted in to pickle (``allow_pickle=True``, trusted clusters only).
+lists, tuples, dicts, numpy arrays (object arrays of plain data included) and scalars, torch tensors --
+is written with a small tagged binary format; arrays and tensors travel as raw buffers (CUDA tensors are
+copied to the CPU first). Any other object is refused unless the caller opted in to pickle
+(``allow_pickle=True``, trusted clusters only).
 
 A *frame* carries a batch of per-sample columns. Homogeneous columns, the common case in RL rewards,
 take fast paths that cost a few C-level passes instead of one Python call per value:
 
-======================  ===============================================
-column                  encoding
-======================  ===============================================
-list of ``str``         byte lengths (int64) + one UTF-8 blob
-list of float/int/bool  one raw float64 / int64 / bool array
-list of lists of ints   lengths + one flat int64 array (token ids)
-numpy array / tensor    dtype, shape, raw bytes of the whole column
-anything else           one tagged value per sample
-======================  ===============================================
+=========================  ==================================================================
+column                     encoding
+=========================  ==================================================================
+list of ``str``            byte lengths + one UTF-8 blob
+list of float / bool       one raw float64 / bool array
+list of int                one integer array of the narrowest dtype that holds every value
+list of lists of ints      row lengths + one flat integer array of the narrowest dtype (token ids)
+numpy array / tensor       dtype, shape, raw bytes of the whole column
+object array, 2-D or more  its shape and one tagged value per element
+anything else              one tagged value per sample
+=========================  ==================================================================
+
+"Narrowest dtype" is chosen from the minimum and maximum: token ids of a 150k vocabulary travel as
+uint32, ids of a 32k vocabulary as uint16, lengths as uint8/uint16 -- frames are about as small as
+pickle's. The token-id path converts the rows with one ``marshal.dumps`` (a single C pass that keeps
+exact types: a ``bool`` or a numpy integer is not an ``int`` to it) whose fixed 5-byte records numpy
+checks and gathers; it only ever *writes* marshal data, the decoder never reads any.
 
 Frame layout (little endian; every raw buffer 8-byte aligned relative to the frame start, and every
 frame padded to a multiple of 8 bytes so frames can be concatenated)::
 
-    b"SRW1" u32 ncols u64 nrows
+    b"SRW2" u32 ncols u64 nrows
     per column: u32 namelen, name, u8 container, u8 encoding, pad8, u64 body_len, body, pad8
     u8 has_meta [generic value]  pad8
 
 The decoder checks every declared size against the bytes that are actually there before it allocates
 anything, bounds nesting depth, and only accepts an allowlist of dtypes, so truncated, corrupted or
 hostile buffers produce a :class:`~syncreward.CodecError`, never a crash, a hang or a huge allocation.
+Encoding raises only :class:`~syncreward.UnsupportedTypeError` (a ``SyncRewardError``) for values it
+cannot carry, whatever they are.
 """
 
 from __future__ import annotations
 
+import marshal
 import pickle
 import re
 import struct
+from collections import UserString
 from collections.abc import Sequence
 from itertools import chain, pairwise
 from typing import Any
@@ -42,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._errors import CodecError, UnsupportedTypeError
+from ._errors import CodecError, SyncRewardError, UnsupportedTypeError
 
 __all__ = [
     "CONTAINERS",
@@ -52,9 +65,10 @@ __all__ = [
     "decode_value",
     "encode_frame",
     "encode_value",
+    "is_plain",
 ]
 
-MAGIC = b"SRW1"
+MAGIC = b"SRW2"
 MAX_DEPTH = 100
 
 # Column containers: how the column was passed, so it is handed back the same way.
@@ -62,7 +76,7 @@ C_LIST, C_TUPLE, C_NDARRAY, C_TENSOR = 0, 1, 2, 3
 CONTAINERS = {C_LIST: "list", C_TUPLE: "tuple", C_NDARRAY: "ndarray", C_TENSOR: "tensor"}
 
 # Column encodings.
-E_GENERIC, E_STR, E_F64, E_I64, E_BOOL, E_INTLISTS, E_ARRAY, E_TENSOR = range(8)
+E_GENERIC, E_STR, E_F64, E_INT, E_BOOL, E_INTLISTS, E_ARRAY, E_TENSOR, E_OBJARRAY = range(9)
 
 # Generic value tags.
 (
@@ -81,7 +95,8 @@ E_GENERIC, E_STR, E_F64, E_I64, E_BOOL, E_INTLISTS, E_ARRAY, E_TENSOR = range(8)
     T_NPSCALAR,
     T_TENSOR,
     T_PICKLE,
-) = range(15)
+    T_OBJARRAY,
+) = range(16)
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
@@ -91,6 +106,11 @@ _F64 = struct.Struct("<d")
 _TAG_INT = struct.Struct("<Bq")
 _TAG_FLOAT = struct.Struct("<Bd")
 _TAG_LEN = struct.Struct("<BQ")
+
+# Integer dtypes of the narrow integer encodings, by code. Codes 0-3 are unsigned (the only ones allowed
+# for lengths).
+_INT_DTYPES = tuple(np.dtype(d) for d in ("|u1", "<u2", "<u4", "<u8", "|i1", "<i2", "<i4", "<i8"))
+_I64_CODE = 7
 
 _NP_DTYPE_RE = re.compile(r"^[<>|=][biufcUS][0-9]{1,6}$")
 _TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -110,20 +130,32 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
         torch.complex128,
     )
 }
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _MAX_NDIM = 32
 _MAX_BIGINT_DIGITS = 4300  # Python's default int <-> str limit (sys.get_int_max_str_digits())
 
+# marshal (format version 2, no back-references) writes a list as b"[" + u32 count and an int of the
+# int32 range as b"i" + i32: a list of lists of such ints is a run of 5-byte records.
+_M_LIST, _M_INT = ord("["), ord("i")
+
 
 def container_of(value: object) -> int | None:
-    """Return the container code of a per-sample column, or ``None`` if ``value`` is not one."""
+    """Return the container code of a per-sample column, or ``None`` if ``value`` is not one.
+
+    Lists, tuples, numpy arrays and tensors with a batch dimension are per-sample columns, and so is any
+    other :class:`~collections.abc.Sequence` (a ``deque``, ``range``, ``array.array``, ...), which travels
+    and is handed to the function as a list. Strings and bytes-like values are not (they are one value).
+    """
     if isinstance(value, list):
         return C_LIST
     if isinstance(value, tuple):
         return C_TUPLE
-    if isinstance(value, np.ndarray) and value.ndim >= 1:
-        return C_NDARRAY
-    if isinstance(value, torch.Tensor) and value.dim() >= 1:
-        return C_TENSOR
+    if isinstance(value, np.ndarray):
+        return C_NDARRAY if value.ndim >= 1 else None
+    if isinstance(value, torch.Tensor):
+        return C_TENSOR if value.dim() >= 1 else None
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray, memoryview, UserString)):
+        return C_LIST
     return None
 
 
@@ -133,12 +165,46 @@ def _type_name(obj: object) -> str:
 
 
 def _unsupported(obj: object) -> UnsupportedTypeError:
+    if isinstance(obj, np.ma.MaskedArray):
+        return UnsupportedTypeError(
+            "cannot send a numpy masked array between ranks: its mask would be lost. HINT: send the data and the "
+            "mask as two columns, e.g. values=x.filled(<fill value>) and mask=np.ma.getmaskarray(x), and rebuild "
+            "it with np.ma.masked_array(values, mask) inside the function."
+        )
     return UnsupportedTypeError(
         f"cannot send a {_type_name(obj)} between ranks: syncreward's wire format carries plain data only "
         "(str, bytes, int, float, bool, None, list, tuple, dict, numpy arrays/scalars, torch tensors). "
         "HINT: pass exclude=[<column>] if the function does not need this column, convert it to plain data, "
         "or pass allow_pickle=True (pickle runs code when decoded: trusted clusters only)."
     )
+
+
+def _tensor_problem(t: torch.Tensor) -> str | None:
+    """Why the wire format cannot carry this tensor, or ``None`` if it can."""
+    if type(t) not in _PLAIN_TENSOR_TYPES:
+        return (
+            f"tensor subclasses ({_type_name(t)}) are not supported by the wire format: they may hold state "
+            "that a plain tensor would lose. HINT: send t.as_subclass(torch.Tensor) (or its parts) instead"
+        )
+    if t.layout is not torch.strided or t.is_nested:
+        return f"{t.layout} tensors are not supported by the wire format. HINT: send t.to_dense() instead"
+    if t.device.type == "meta":
+        return "meta tensors hold no data and cannot be sent between ranks"
+    if str(t.dtype).removeprefix("torch.") not in _TORCH_DTYPES:
+        return f"tensors of dtype {t.dtype} are not supported by the wire format"
+    if t.dim() > _MAX_NDIM:
+        return f"tensors with more than {_MAX_NDIM} dimensions are not supported"
+    return None
+
+
+def _array_problem(a: np.ndarray) -> str | None:
+    """Why the wire format cannot carry this (non-object) array as raw bytes, or ``None`` if it can."""
+    dt = a.dtype
+    if dt.fields is not None or dt.subdtype is not None or not _NP_DTYPE_RE.match(dt.str):
+        return f"numpy arrays of dtype {dt} are not supported by the wire format"
+    if a.ndim > _MAX_NDIM:
+        return f"arrays with more than {_MAX_NDIM} dimensions are not supported"
+    return None
 
 
 # --------------------------------------------------------------------------------------------- encoding
@@ -148,6 +214,29 @@ def _pad8(out: bytearray) -> None:
     rem = len(out) % 8
     if rem:
         out += bytes(8 - rem)
+
+
+def _raw(a: np.ndarray) -> memoryview | bytes:
+    """The bytes of an array (C order) without a copy where it already is contiguous."""
+    if not a.size:
+        return b""
+    return np.ascontiguousarray(a).reshape(-1).data.cast("B")
+
+
+def _narrow(a: np.ndarray) -> tuple[int, np.ndarray]:
+    """The code of the narrowest integer dtype that holds every value of ``a``, and ``a`` in it."""
+    if not a.size:
+        return 0, a.astype(_INT_DTYPES[0])
+    lo, hi = int(a.min()), int(a.max())
+    if lo >= 0:
+        code = 0 if hi < 1 << 8 else 1 if hi < 1 << 16 else 2 if hi < 1 << 32 else 3
+    else:
+        lim = max(-lo - 1, hi)
+        code = 4 if lim < 1 << 7 else 5 if lim < 1 << 15 else 6 if lim < 1 << 31 else _I64_CODE
+    dtype = _INT_DTYPES[code]
+    if a.dtype.itemsize == dtype.itemsize and a.dtype.kind in "iu" and a.dtype.isnative:  # int32 -> uint32
+        return code, a.view(dtype)
+    return code, a.astype(dtype)
 
 
 def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
@@ -163,44 +252,52 @@ def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.uint8).numpy()
 
 
-def _encode_array_header(dtype: str, shape: Sequence[int], out: bytearray) -> None:
-    d = dtype.encode()
-    out += _U8.pack(len(d))
-    out += d
+def _encode_shape(shape: Sequence[int], out: bytearray) -> None:
     out += _U8.pack(len(shape))
     for s in shape:
         out += _U64.pack(s)
 
 
+def _encode_array_header(dtype: str, shape: Sequence[int], out: bytearray) -> None:
+    d = dtype.encode()
+    out += _U8.pack(len(d))
+    out += d
+    _encode_shape(shape, out)
+
+
 def _encode_ndarray(a: np.ndarray, out: bytearray) -> None:
-    dt = a.dtype
-    if dt.hasobject or dt.fields is not None or dt.subdtype is not None or not _NP_DTYPE_RE.match(dt.str):
-        raise _unsupported(a) from None
+    problem = _array_problem(a)
+    if problem:
+        raise UnsupportedTypeError(problem)
+    _encode_array_header(a.dtype.str, a.shape, out)
+    _pad8(out)
+    out += _raw(a)
+
+
+def _encode_objarray(a: np.ndarray, out: bytearray, allow_pickle: bool, depth: int) -> None:
+    """An object array: its shape, then one tagged value per element (C order)."""
     if a.ndim > _MAX_NDIM:
         raise UnsupportedTypeError(f"arrays with more than {_MAX_NDIM} dimensions are not supported")
-    _encode_array_header(dt.str, a.shape, out)
-    _pad8(out)
-    out += np.ascontiguousarray(a).tobytes()
+    _encode_shape(a.shape, out)
+    for item in a.reshape(-1):
+        _encode(item, out, allow_pickle, depth + 1)
 
 
 def _encode_tensor(t: torch.Tensor, out: bytearray) -> None:
-    name = str(t.dtype).removeprefix("torch.")
-    if name not in _TORCH_DTYPES:
-        raise UnsupportedTypeError(f"tensors of dtype {t.dtype} are not supported by the wire format")
-    if t.dim() > _MAX_NDIM:
-        raise UnsupportedTypeError(f"tensors with more than {_MAX_NDIM} dimensions are not supported")
-    _encode_array_header(name, tuple(t.shape), out)
+    problem = _tensor_problem(t)
+    if problem:
+        raise UnsupportedTypeError(problem)
+    _encode_array_header(str(t.dtype).removeprefix("torch."), tuple(t.shape), out)
     _pad8(out)
-    out += _tensor_bytes(t).data
+    try:
+        raw = _tensor_bytes(t)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+        raise UnsupportedTypeError(f"cannot read the data of a {_type_name(t)} on {t.device}: {e}") from e
+    out += raw.data
 
 
-def encode_value(obj: object, out: bytearray, allow_pickle: bool = False, _depth: int = 0) -> None:
-    """Append the tagged encoding of ``obj`` to ``out``.
-
-    Raises:
-        UnsupportedTypeError: ``obj`` holds something that is not plain data and pickle is not allowed.
-    """
-    if _depth > MAX_DEPTH:
+def _encode(obj: object, out: bytearray, allow_pickle: bool, depth: int) -> None:
+    if depth > MAX_DEPTH:
         raise UnsupportedTypeError(f"value nested deeper than {MAX_DEPTH} levels (or self-referencing)")
     t = type(obj)
     if t is str:
@@ -230,16 +327,19 @@ def encode_value(obj: object, out: bytearray, allow_pickle: bool = False, _depth
     elif t is list or t is tuple:
         out += _TAG_LEN.pack(T_LIST if t is list else T_TUPLE, len(obj))  # type: ignore[arg-type]
         for item in obj:  # type: ignore[attr-defined]
-            encode_value(item, out, allow_pickle, _depth + 1)
+            _encode(item, out, allow_pickle, depth + 1)
     elif t is dict:
         out += _TAG_LEN.pack(T_DICT, len(obj))  # type: ignore[arg-type]
         for k, v in obj.items():  # type: ignore[attr-defined]
-            encode_value(k, out, allow_pickle, _depth + 1)
-            encode_value(v, out, allow_pickle, _depth + 1)
+            _encode(k, out, allow_pickle, depth + 1)
+            _encode(v, out, allow_pickle, depth + 1)
     elif t is bytes:
         out += _TAG_LEN.pack(T_BYTES, len(obj))  # type: ignore[arg-type]
         out += obj  # type: ignore[operator,arg-type]
-    elif t is np.ndarray:
+    elif t is np.ndarray and obj.dtype == object:  # type: ignore[attr-defined]
+        out.append(T_OBJARRAY)
+        _encode_objarray(obj, out, allow_pickle, depth)  # type: ignore[arg-type]
+    elif t is np.ndarray and not obj.dtype.hasobject:  # type: ignore[attr-defined]
         out.append(T_ARRAY)
         _encode_ndarray(obj, out)  # type: ignore[arg-type]
     elif isinstance(obj, np.generic) and not isinstance(obj, np.object_) and _NP_DTYPE_RE.match(obj.dtype.str):
@@ -248,9 +348,9 @@ def encode_value(obj: object, out: bytearray, allow_pickle: bool = False, _depth
         out += _U8.pack(len(d))
         out += d
         out += obj.tobytes()[: obj.dtype.itemsize]  # np.str_("") is "<U0" yet tobytes() gives 4 bytes
-    elif isinstance(obj, torch.Tensor):
+    elif isinstance(obj, torch.Tensor) and (not allow_pickle or _tensor_problem(obj) is None):
         out.append(T_TENSOR)
-        _encode_tensor(obj, out)  # type: ignore[arg-type]
+        _encode_tensor(obj, out)
     elif allow_pickle:
         b = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         out += _TAG_LEN.pack(T_PICKLE, len(b))
@@ -259,17 +359,97 @@ def encode_value(obj: object, out: bytearray, allow_pickle: bool = False, _depth
         raise _unsupported(obj)
 
 
+def _wrap_failure(e: Exception, what: str) -> UnsupportedTypeError:
+    """An unexpected exception while encoding (a broken ``__len__``, a failing ``__reduce__``, ...)."""
+    return UnsupportedTypeError(f"cannot encode {what}: {type(e).__name__}: {e}")
+
+
+def encode_value(obj: object, out: bytearray, allow_pickle: bool = False, _depth: int = 0) -> None:
+    """Append the tagged encoding of ``obj`` to ``out``.
+
+    Raises:
+        UnsupportedTypeError: ``obj`` holds something that is not plain data and pickle is not allowed (or
+            holds something that failed to encode, e.g. an object whose pickling raised). Nothing else is
+            raised (but ``MemoryError``); ``out`` may then hold a partial encoding.
+    """
+    try:
+        _encode(obj, out, allow_pickle, _depth)
+    except (SyncRewardError, MemoryError):
+        raise
+    except RecursionError as e:
+        raise UnsupportedTypeError("value nested too deeply (or self-referencing)") from e
+    except Exception as e:
+        raise _wrap_failure(e, f"a {_type_name(obj)}") from e
+
+
+def _intlists_marshal(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Row lengths and flat values of a list of lists of ints in the int32 range, or ``None``.
+
+    One ``marshal.dumps`` converts every value in C; numpy then checks that the output is exactly the
+    expected run of 5-byte records -- a row header where each row starts, an int everywhere else -- which
+    proves every element was an exact ``int`` (``bool``, numpy integers, floats, nested lists, values
+    beyond int32 all write other records), and gathers the values.
+    """
+    try:
+        m = marshal.dumps(rows, 2)
+    except Exception:  # unmarshallable objects, too deep, ...: not a column of int lists
+        return None
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+    nrec = 1 + n + int(lengths.sum())
+    if len(m) != 5 * nrec:
+        return None
+    headers = np.arange(1, n + 1) + np.cumsum(lengths) - lengths  # record index of each row's header
+    expected = np.full(nrec, _M_INT, dtype=np.uint8)
+    expected[0] = _M_LIST
+    expected[headers] = _M_LIST
+    if not np.array_equal(np.frombuffer(m, dtype=np.uint8)[::5], expected):
+        return None
+    values = np.ndarray((nrec,), dtype="<i4", buffer=m, offset=1, strides=(5,))
+    return lengths, values[expected == _M_INT]
+
+
+def _intlists(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Row lengths and flat values (int32 or int64) of a list of lists of ints, or ``None``."""
+    got = _intlists_marshal(rows, n)
+    if got is not None:
+        return got
+    if not set(map(type, chain.from_iterable(rows))) <= {int}:
+        return None
+    try:
+        flat = np.fromiter(chain.from_iterable(rows), dtype="<i8")
+    except OverflowError:
+        return None
+    return np.fromiter(map(len, rows), dtype=np.int64, count=n), flat
+
+
+def _encode_ints(a: np.ndarray, out: bytearray) -> None:
+    """Append the dtype code, padding and the values of ``a`` in its narrowest dtype."""
+    code, narrow = _narrow(a)
+    out += _U8.pack(code)
+    _pad8(out)
+    out += _raw(narrow)
+
+
 def _encode_column_body(values: Any, container: int, out: bytearray, allow_pickle: bool) -> int:
     """Append a column body to ``out``; return the encoding used."""
     if container == C_TENSOR:
         _encode_tensor(values, out)
         return E_TENSOR
     if container == C_NDARRAY:
+        if isinstance(values, np.ma.MaskedArray):
+            raise _unsupported(values)
         if values.dtype.hasobject:  # an object array is a list of Python objects in disguise
+            if values.dtype != object:
+                raise UnsupportedTypeError(f"numpy arrays of dtype {values.dtype} are not supported")
+            if values.ndim > 1:  # keeps its shape: a (n, 2) array of str comes back (n, 2)
+                _encode_objarray(values, out, allow_pickle, 0)
+                return E_OBJARRAY
             values = values.tolist()
         else:
             _encode_ndarray(values, out)
             return E_ARRAY
+    elif not isinstance(values, (list, tuple)):  # another Sequence (deque, range, array.array, ...)
+        values = list(values)
     n = len(values)
     types = set(map(type, values))
     if len(types) == 1 and n:
@@ -277,14 +457,15 @@ def _encode_column_body(values: Any, container: int, out: bytearray, allow_pickl
         if t is str:
             encoded = [s.encode("utf-8", "surrogatepass") for s in values]
             out += _U64.pack(n)
+            _encode_ints(np.fromiter(map(len, encoded), dtype=np.int64, count=n), out)
             _pad8(out)
-            out += np.fromiter(map(len, encoded), dtype="<i8", count=n).tobytes()
-            out += b"".join(encoded)
+            for b in encoded:
+                out += b
             return E_STR
         if t is float or t is bool:
             out += _U64.pack(n)
             _pad8(out)
-            out += np.array(values, dtype="<f8" if t is float else "|b1").tobytes()
+            out += _raw(np.array(values, dtype="<f8" if t is float else "|b1"))
             return E_F64 if t is float else E_BOOL
         if t is int:
             try:
@@ -293,23 +474,17 @@ def _encode_column_body(values: Any, container: int, out: bytearray, allow_pickl
                 pass
             else:
                 out += _U64.pack(n)
-                _pad8(out)
-                out += arr.tobytes()
-                return E_I64
-        if t is list and set(map(type, chain.from_iterable(values))) <= {int}:
-            try:
-                flat = np.fromiter(chain.from_iterable(values), dtype="<i8")
-            except OverflowError:
-                pass
-            else:
-                out += _U64.pack(n)
-                _pad8(out)
-                out += np.fromiter(map(len, values), dtype="<i8", count=n).tobytes()
-                out += flat.tobytes()
-                return E_INTLISTS
+                _encode_ints(arr, out)
+                return E_INT
+        if t is list and (got := _intlists(values if type(values) is list else list(values), n)) is not None:
+            lengths, flat = got
+            out += _U64.pack(n)
+            _encode_ints(lengths, out)
+            _encode_ints(flat, out)
+            return E_INTLISTS
     out += _U64.pack(n)
     for v in values:
-        encode_value(v, out, allow_pickle)
+        _encode(v, out, allow_pickle, 1)
     return E_GENERIC
 
 
@@ -319,17 +494,19 @@ _SCALARS = frozenset({str, float, int, bool, type(None), bytes})
 def is_plain(values: Any, container: int) -> bool:
     """Whether a column can travel without pickle (cheap type checks for the common shapes)."""
     if container == C_TENSOR:
-        return str(values.dtype).removeprefix("torch.") in _TORCH_DTYPES
+        return _tensor_problem(values) is None
+    if container == C_NDARRAY and isinstance(values, np.ma.MaskedArray):
+        return False
     if container == C_NDARRAY and not values.dtype.hasobject:
-        return values.dtype.fields is None and bool(_NP_DTYPE_RE.match(values.dtype.str))
-    types = set(map(type, values))
-    if types <= _SCALARS:
-        return True
-    if types == {list} and set(map(type, chain.from_iterable(values))) <= _SCALARS:
-        return True
+        return _array_problem(values) is None
     try:
+        types = set(map(type, values))
+        if types <= _SCALARS:
+            return True
+        if types == {list} and set(map(type, chain.from_iterable(values))) <= _SCALARS:
+            return True
         _encode_column_body(values, container, bytearray(), False)
-    except UnsupportedTypeError:
+    except Exception:
         return False
     return True
 
@@ -359,6 +536,10 @@ def encode_frame(
 
     A column named in ``droppable`` that holds non-plain data is left out (never pickled) and its name
     appended to ``dropped`` instead of raising.
+
+    Raises:
+        UnsupportedTypeError: a column (not in ``droppable``) or ``meta`` holds something the wire format
+            cannot carry; the message names the column.
     """
     out = bytearray() if out is None else out
     start = len(out)
@@ -371,7 +552,7 @@ def encode_frame(
     ncols = 0
     for col in columns:
         mark = len(out)
-        name = col.name.encode()
+        name = col.name.encode("utf-8", "surrogatepass")
         out += _U32.pack(len(name))
         out += name
         out += _U8.pack(col.container)
@@ -381,16 +562,25 @@ def encode_frame(
         len_at = len(out)
         out += bytes(8)
         body_at = len(out)
-        if col.name in droppable:
-            try:
-                out[enc_at] = _encode_column_body(col.values, col.container, out, False)
-            except UnsupportedTypeError:
-                del out[mark:]
+        drop = col.name in droppable
+        try:
+            out[enc_at] = _encode_column_body(col.values, col.container, out, allow_pickle and not drop)
+        except MemoryError:
+            del out[mark:]
+            raise
+        except Exception as e:
+            del out[mark:]
+            if drop:
                 if dropped is not None:
                     dropped.append(col.name)
                 continue
-        else:
-            out[enc_at] = _encode_column_body(col.values, col.container, out, allow_pickle)
+            if isinstance(e, UnsupportedTypeError):
+                raise UnsupportedTypeError(f"column {col.name!r}: {e}") from e
+            if isinstance(e, SyncRewardError):
+                raise
+            if isinstance(e, RecursionError):
+                raise UnsupportedTypeError(f"column {col.name!r}: a value nested too deeply") from e
+            raise _wrap_failure(e, f"column {col.name!r}") from e
         out[len_at:body_at] = _U64.pack(len(out) - body_at)
         _pad8(out)
         ncols += 1
@@ -453,6 +643,12 @@ class _Reader:
             raise CodecError(f"corrupt payload: {n} items declared but only {self.end - self.pos} bytes left")
         return n
 
+    def shape(self) -> tuple[int, ...]:
+        ndim = self.u8()
+        if ndim > _MAX_NDIM:
+            raise CodecError(f"corrupt payload: {ndim} dimensions")
+        return tuple(self.u64() for _ in range(ndim))
+
     def array_header(self, torch_dtype: bool) -> tuple[Any, tuple[int, ...], int]:
         dname = bytes(self.take(self.u8())).decode("ascii", "replace")
         if torch_dtype:
@@ -465,10 +661,7 @@ class _Reader:
                 raise CodecError(f"unsupported array dtype {dname!r} in payload")
             dtype = _np_dtype(dname)
             itemsize = dtype.itemsize
-        ndim = self.u8()
-        if ndim > _MAX_NDIM:
-            raise CodecError(f"corrupt payload: {ndim} dimensions")
-        shape = tuple(self.u64() for _ in range(ndim))
+        shape = self.shape()
         nbytes = itemsize
         for s in shape:
             nbytes *= s
@@ -477,11 +670,32 @@ class _Reader:
             raise CodecError(f"truncated or corrupt payload: array of {nbytes} bytes declared")
         return dtype, shape, nbytes
 
+    def ints(self, n: int, unsigned: bool = False) -> np.ndarray:
+        """``n`` integers of a narrow integer encoding (dtype code, padding, values): a read-only view."""
+        code = self.u8()
+        if code >= (4 if unsigned else len(_INT_DTYPES)):
+            raise CodecError(f"corrupt payload: integer dtype code {code}")
+        dtype = _INT_DTYPES[code]
+        self.align8()
+        self.count(n, dtype.itemsize)
+        return np.frombuffer(self.take(n * dtype.itemsize), dtype=dtype)
+
 
 def _decode_ndarray(r: _Reader) -> np.ndarray:
     dtype, shape, nbytes = r.array_header(torch_dtype=False)
     raw = r.take(nbytes)
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()  # type: ignore[no-any-return]
+
+
+def _decode_objarray(r: _Reader, depth: int) -> np.ndarray:
+    shape = r.shape()
+    size = 1
+    for s in shape:
+        size *= s
+        if size > r.end - r.pos:  # every element takes at least one byte
+            raise CodecError(f"corrupt payload: object array of shape {shape} declared")
+    items = [_decode(r, depth + 1) for _ in range(size)]
+    return np.fromiter(items, dtype=object, count=size).reshape(shape)
 
 
 def _decode_tensor(r: _Reader) -> torch.Tensor:
@@ -537,6 +751,8 @@ def _decode(r: _Reader, depth: int) -> Any:
         return int(text)
     if tag == T_ARRAY:
         return _decode_ndarray(r)
+    if tag == T_OBJARRAY:
+        return _decode_objarray(r, depth)
     if tag == T_NPSCALAR:
         dname = bytes(r.take(r.u8())).decode("ascii", "replace")
         if not _NP_DTYPE_RE.match(dname):
@@ -572,13 +788,26 @@ def decode_value(buf: bytes | bytearray | memoryview, allow_pickle: bool = False
     return value
 
 
-def _int64s(r: _Reader, n: int) -> np.ndarray:
-    return np.frombuffer(r.take(8 * n), dtype="<i8")  # type: ignore[no-any-return]
+# Rows at least this long on average are made one ``tolist()`` each; shorter ones are sliced out of one
+# list of the whole column (a numpy call per row costs more than slicing a short list).
+_ROW_TOLIST_MIN = 48
+
+
+def _rows(r: _Reader, n: int) -> tuple[np.ndarray, list[int]]:
+    """Row lengths (validated) and their offsets, of an E_STR or E_INTLISTS body."""
+    lengths = r.ints(n, unsigned=True)
+    if n and int(lengths.max()) > r.end - r.pos:
+        raise CodecError("corrupt payload: row length out of range")
+    offsets = [0, *np.cumsum(lengths, dtype=np.int64).tolist()]
+    return lengths, offsets
 
 
 def _decode_column_body(r: _Reader, enc: int, end: int) -> Any:
-    if enc in (E_TENSOR, E_ARRAY):
-        column = _decode_tensor(r) if enc == E_TENSOR else _decode_ndarray(r)
+    if enc in (E_TENSOR, E_ARRAY, E_OBJARRAY):
+        if enc == E_OBJARRAY:
+            column = _decode_objarray(r, 0)
+        else:
+            column = _decode_tensor(r) if enc == E_TENSOR else _decode_ndarray(r)
         if column.ndim == 0:
             raise CodecError("corrupt payload: a column array without a batch dimension")
         return column
@@ -586,33 +815,34 @@ def _decode_column_body(r: _Reader, enc: int, end: int) -> Any:
     if enc == E_GENERIC:
         r.count(n, 1)
         return [_decode(r, 1) for _ in range(n)]
-    r.align8()
-    if enc in (E_F64, E_I64, E_BOOL):
+    if enc == E_INT:
+        return r.ints(n).tolist()
+    if enc in (E_F64, E_BOOL):
+        r.align8()
         r.count(n, 1 if enc == E_BOOL else 8)
-        dtype = {E_F64: "<f8", E_I64: "<i8", E_BOOL: "|b1"}[enc]
+        dtype = "<f8" if enc == E_F64 else "|b1"
         raw = r.take(n * np.dtype(dtype).itemsize)
         if enc == E_BOOL and bytes(raw).translate(None, b"\x00\x01"):
             raise CodecError("corrupt payload: invalid bool")
         return np.frombuffer(raw, dtype=dtype).tolist()
-    if enc in (E_STR, E_INTLISTS):
-        r.count(n, 8)
-        lengths = _int64s(r, n)
-        if n and (int(lengths.min()) < 0 or int(lengths.max()) > r.end - r.pos):
-            raise CodecError("corrupt payload: row length out of range")
-        offsets = [0, *np.cumsum(lengths, dtype=np.int64).tolist()]
-        total = offsets[-1]
-        if enc == E_STR:
-            blob = bytes(r.take(total))
-            try:
-                if blob.isascii():
-                    s = blob.decode("ascii")
-                    return [s[a:b] for a, b in pairwise(offsets)]
-                return [blob[a:b].decode("utf-8", "surrogatepass") for a, b in pairwise(offsets)]
-            except UnicodeDecodeError as e:
-                raise CodecError(f"corrupt payload: invalid UTF-8 ({e})") from None
-        r.count(total, 8)
-        flat = _int64s(r, total).tolist()
-        return [flat[a:b] for a, b in pairwise(offsets)]
+    if enc == E_STR:
+        _, offsets = _rows(r, n)
+        r.align8()
+        blob = bytes(r.take(offsets[-1]))
+        try:
+            if blob.isascii():
+                s = blob.decode("ascii")
+                return [s[a:b] for a, b in pairwise(offsets)]
+            return [blob[a:b].decode("utf-8", "surrogatepass") for a, b in pairwise(offsets)]
+        except UnicodeDecodeError as e:
+            raise CodecError(f"corrupt payload: invalid UTF-8 ({e})") from None
+    if enc == E_INTLISTS:
+        _, offsets = _rows(r, n)
+        flat = r.ints(offsets[-1])
+        if n and offsets[-1] >= _ROW_TOLIST_MIN * n:
+            return [flat[a:b].tolist() for a, b in pairwise(offsets)]
+        items = flat.tolist()
+        return [items[a:b] for a, b in pairwise(offsets)]
     raise CodecError(f"corrupt payload: unknown column encoding {enc}")
 
 
@@ -636,14 +866,18 @@ def decode_frame(
         cols: list[Column] = []
         for _ in range(ncols):
             try:
-                name = bytes(r.take(r.u32())).decode("utf-8")
+                name = bytes(r.take(r.u32())).decode("utf-8", "surrogatepass")
             except UnicodeDecodeError:
                 raise CodecError("corrupt payload: invalid column name") from None
             container = r.u8()
             enc = r.u8()
             if container not in CONTAINERS:
                 raise CodecError(f"corrupt payload: unknown container {container}")
-            if (container == C_TENSOR) != (enc == E_TENSOR) or (enc == E_ARRAY and container != C_NDARRAY):
+            if (
+                (container == C_TENSOR) != (enc == E_TENSOR)
+                or (enc in (E_ARRAY, E_OBJARRAY) and container != C_NDARRAY)
+                or enc > E_OBJARRAY
+            ):
                 raise CodecError(f"corrupt payload: column encoding {enc} does not fit container {container}")
             r.align8()
             body_len = r.u64()

@@ -34,6 +34,7 @@ from syncreward._codec import (
     C_TENSOR,
     C_TUPLE,
     E_GENERIC,
+    E_INT,
     E_INTLISTS,
     E_STR,
     MAGIC,
@@ -308,6 +309,12 @@ def _pad(b: bytes) -> bytes:
     return b + bytes(-len(b) % 8)
 
 
+def _ints(code: int, values: list[int]) -> bytes:
+    """A narrow integer array of a column body: dtype code, padding, values (as uint64 when code >= 8)."""
+    dtype = "<u8" if code == 3 else "<i8" if code >= 7 else ["|u1", "<u2", "<u4", "", "|i1", "<i2", "<i4"][code]
+    return _pad(bytes([code]) + bytes(7) + np.array(values, dtype=dtype).tobytes())
+
+
 def _frame(ncols: int, nrows: int, name: bytes, container: int, enc: int, body_len: int, body: bytes) -> bytes:
     head = (
         MAGIC + struct.pack("<I", ncols) + _u64(nrows) + struct.pack("<I", len(name)) + name + bytes([container, enc])
@@ -355,26 +362,36 @@ def absurd_payloads() -> list[tuple[str, Callable[[bytes], Any], bytes]]:
             decode_frame,
             _frame(1, 2**63, b"a", C_LIST, E_GENERIC, 16, _u64(2**63) + b"\x00" * 8),
         ),
-        ("str column of 2**60 rows", decode_frame, _frame(1, 2**60, b"a", C_LIST, E_STR, 16, _u64(2**60) + _u64(5))),
+        ("str column of 2**60 rows", decode_frame, _frame(1, 2**60, b"a", C_LIST, E_STR, 24, _u64(2**60) + _ints(3, [5]))),
         (
             "str column, row of 2**62 bytes",
             decode_frame,
-            _frame(1, 1, b"a", C_LIST, E_STR, 24, _u64(1) + _u64(2**62) + b"abcdefgh"),
+            _frame(1, 1, b"a", C_LIST, E_STR, 32, _u64(1) + _ints(3, [2**62]) + b"abcdefgh"),
         ),
         (
             "str column, lengths summing past 2**64",
             decode_frame,
-            _frame(1, 4, b"a", C_LIST, E_STR, 40, _u64(4) + _u64(2**62) * 4),
+            _frame(1, 4, b"a", C_LIST, E_STR, 48, _u64(4) + _ints(3, [2**62] * 4)),
         ),
         (
             "token ids, 2**61 ids declared",
             decode_frame,
-            _frame(1, 1, b"a", C_LIST, E_INTLISTS, 16, _u64(1) + _u64(2**61)),
+            _frame(1, 1, b"a", C_LIST, E_INTLISTS, 40, _u64(1) + _ints(3, [2**61]) + _ints(7, [1])),
         ),
         (
-            "token ids, negative length",
+            "token ids, 2**64-1 ids in a row",
             decode_frame,
-            _frame(1, 2, b"a", C_LIST, E_INTLISTS, 24, _u64(2) + _u64(2**64 - 1) + _u64(2)),
+            _frame(1, 2, b"a", C_LIST, E_INTLISTS, 48, _u64(2) + _ints(3, [2**64 - 1, 2]) + _ints(0, [1, 2])),
+        ),
+        (
+            "token ids, signed (negative) lengths",
+            decode_frame,
+            _frame(1, 2, b"a", C_LIST, E_INTLISTS, 48, _u64(2) + _ints(7, [-1, 2]) + _ints(0, [1, 2])),
+        ),
+        (
+            "ints of an unknown dtype code",
+            decode_frame,
+            _frame(1, 1, b"a", C_LIST, E_INT, 24, _u64(1) + _ints(8, [0])),
         ),
         ("frame nrows 2**64-1, no columns", decode_frame, MAGIC + struct.pack("<I", 0) + _u64(huge) + b"\x00" * 8),
     ]
