@@ -19,9 +19,8 @@ def _as_container(values: Any, container: int) -> Any:
     if container == C_TUPLE and not isinstance(values, tuple):
         return tuple(values)
     if container == C_NDARRAY and not isinstance(values, np.ndarray):  # an object array sent per element
-        arr = np.empty(len(values), dtype=object)
-        arr[:] = values
-        return arr
+        # fromiter stores each value as it is; arr[:] = values would unpack values that are sequences
+        return np.fromiter(values, dtype=object, count=len(values))
     return values
 
 
@@ -62,7 +61,12 @@ def _check_same(name: str, specs: list[tuple[str, tuple[int, ...]]]) -> None:
 
 
 def take(values: Any, container: int, idx: slice | Sequence[int]) -> Any:
-    """Select rows of a column by a slice or a list of row indices, keeping its container."""
+    """Select rows of a column by a slice or a list of row indices, keeping its container.
+
+    A list column passed as another sequence (a ``deque``, ``range``, ``array.array``, ...) gives a list.
+    """
+    if container in (C_LIST, C_TUPLE) and not isinstance(values, (list, tuple)):
+        values = list(values)
     if isinstance(idx, slice):
         return values[idx]
     if container in (C_NDARRAY, C_TENSOR):

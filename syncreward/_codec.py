@@ -234,7 +234,8 @@ def _narrow(a: np.ndarray) -> tuple[int, np.ndarray]:
         lim = max(-lo - 1, hi)
         code = 4 if lim < 1 << 7 else 5 if lim < 1 << 15 else 6 if lim < 1 << 31 else _I64_CODE
     dtype = _INT_DTYPES[code]
-    if a.dtype.itemsize == dtype.itemsize and a.dtype.kind in "iu" and a.dtype.isnative:  # int32 -> uint32
+    # same width and byte order (the int32 of the token-id path -> uint32): reinterpret, do not copy
+    if a.dtype.kind in "iu" and a.dtype.str[0] + str(a.dtype.itemsize) == dtype.str[0] + str(dtype.itemsize):
         return code, a.view(dtype)
     return code, a.astype(dtype)
 

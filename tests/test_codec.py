@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import array
+import collections
+import enum
 import math
 import pickle
 import struct
 import threading
+import types
 from typing import Any
 
 import numpy as np
@@ -14,7 +18,10 @@ import torch
 
 import syncreward
 from syncreward import CodecError, UnsupportedTypeError, synced_reward
+from syncreward._batch import concat, take
+from syncreward._binding import Binder
 from syncreward._codec import (
+    _INT_DTYPES,
     C_LIST,
     C_NDARRAY,
     C_TENSOR,
@@ -24,14 +31,18 @@ from syncreward._codec import (
     E_GENERIC,
     E_INT,
     E_INTLISTS,
+    E_OBJARRAY,
     E_STR,
     MAX_DEPTH,
     Column,
     _encode_column_body,
+    _narrow,
+    container_of,
     decode_frame,
     decode_value,
     encode_frame,
     encode_value,
+    is_plain,
 )
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -277,6 +288,12 @@ FAST_PATHS: list[tuple[str, Any, int, int]] = [
     ("int", [0, -(2**63), 2**63 - 1, 7], C_LIST, E_INT),
     ("bool", [True, False, True], C_LIST, E_BOOL),
     ("token-ids", [[1, 2, 3], [], [-(2**63), 2**63 - 1], [5]], C_LIST, E_INTLISTS),
+    ("token-ids-int32", [[151935, 0, 7], [], [2**31 - 1, -(2**31)]], C_LIST, E_INTLISTS),
+    ("token-ids-uint32", [[2**32 - 1, 0], [2**31]], C_LIST, E_INTLISTS),
+    ("token-ids-empty-rows", [[], [], []], C_LIST, E_INTLISTS),
+    ("token-ids-negative", [[-1, -2], [3]], C_LIST, E_INTLISTS),
+    ("token-ids-tuple-column", ([1, 2], [3]), C_TUPLE, E_INTLISTS),
+    ("token-ids-aliased-rows", [[1, 2]] * 3, C_LIST, E_INTLISTS),
     ("tuple-of-str", ("a", "b"), C_TUPLE, E_STR),
     ("tuple-of-float", (1.0, 2.0), C_TUPLE, E_F64),
     # fallbacks to one tagged value per sample
@@ -285,6 +302,16 @@ FAST_PATHS: list[tuple[str, Any, int, int]] = [
     ("int-and-float", [1, 1.0], C_LIST, E_GENERIC),
     ("ids-with-bool", [[1], [True]], C_LIST, E_GENERIC),
     ("ids-with-big", [[1], [2**64]], C_LIST, E_GENERIC),
+    ("ids-with-bool-among-ints", [[0, 1, True, 2]], C_LIST, E_GENERIC),
+    ("ids-with-false-first", [[False, 5], [6]], C_LIST, E_GENERIC),
+    ("ids-with-numpy-int", [[1, np.int64(2)], [3]], C_LIST, E_GENERIC),
+    ("ids-with-numpy-int32", [[np.int32(2)]], C_LIST, E_GENERIC),
+    ("ids-with-float", [[1, 2.0]], C_LIST, E_GENERIC),
+    ("ids-with-nested-list", [[1, [2]], [3]], C_LIST, E_GENERIC),
+    ("ids-with-empty-nested-list", [[[]], [5]], C_LIST, E_GENERIC),
+    ("ids-with-tuple-row", [[1], (2,)], C_LIST, E_GENERIC),
+    ("ids-with-str", [["1"], [2]], C_LIST, E_GENERIC),
+    ("ids-with-none", [[None], [2]], C_LIST, E_GENERIC),
     ("mixed", [None, "a", 1, [2.5, {"k": (1,)}], b"x"], C_LIST, E_GENERIC),
     ("str-subclass", [np.str_("a"), np.str_("b")], C_LIST, E_GENERIC),
     ("tensors", [torch.ones(2), torch.zeros(3, dtype=torch.int8)], C_LIST, E_GENERIC),
@@ -367,6 +394,256 @@ def test_frames_concatenate_8_byte_aligned() -> None:
     assert len(b) % 8 == 0
     _, cols, _ = decode_frame(bytes(b[len(a) :]))
     assert same(cols[0].values, torch.ones(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype"),
+    [
+        ([0, 255], "|u1"),
+        ([0, 256], "<u2"),
+        ([65535], "<u2"),
+        ([65536], "<u4"),
+        ([151935, 0], "<u4"),  # Qwen2's vocabulary: uint32
+        ([2**32 - 1], "<u4"),
+        ([2**32], "<u8"),
+        ([2**63 - 1], "<u8"),
+        ([-1, 127], "|i1"),
+        ([-128], "|i1"),
+        ([128, -1], "<i2"),
+        ([-129], "<i2"),
+        ([-(2**15), 2**15 - 1], "<i2"),
+        ([-(2**15) - 1], "<i4"),
+        ([-1, 2**31 - 1], "<i4"),
+        ([-(2**31)], "<i4"),
+        ([-1, 2**31], "<i8"),
+        ([-(2**63), 2**63 - 1], "<i8"),
+    ],
+    ids=str,
+)
+def test_integers_travel_in_the_narrowest_dtype_that_holds_them(values: list[int], dtype: str) -> None:
+    code, narrow = _narrow(np.array(values, dtype=np.int64))
+    assert _INT_DTYPES[code] == np.dtype(dtype)
+    assert narrow.tolist() == values
+    width = np.dtype(dtype).itemsize
+    for column, encoding in ((values * 50, E_INT), ([values * 50, [], values], E_INTLISTS)):
+        enc, col = frame_roundtrip(column, C_LIST)
+        assert enc == encoding
+        assert same(col.values, column)
+        nvalues = len(values) * (50 if encoding == E_INT else 51)
+        assert len(encode_frame([Column("c", C_LIST, column)], len(column))) < nvalues * width + 96
+
+
+def test_an_empty_token_id_array_is_the_narrowest() -> None:
+    code, narrow = _narrow(np.zeros(0, dtype=np.int64))
+    assert _INT_DTYPES[code] == np.dtype("|u1") and narrow.size == 0
+
+
+def test_token_id_frames_are_about_as_small_as_pickle() -> None:
+    """Token ids of a 150k vocabulary travel as uint32: the frame is no bigger than pickle's bytes."""
+    import random
+
+    rng = random.Random(0)
+    n = 64
+    batch = {
+        "completions": [" ".join(rng.choice(["the", "sum", "is", "x"]) for _ in range(200)) for _ in range(n)],
+        "completion_ids": [[rng.randrange(151_936) for _ in range(rng.randrange(200, 300))] for _ in range(n)],
+        "solution": [str(rng.randrange(1000)) for _ in range(n)],
+    }
+    frame = encode_frame([Column(k, C_LIST, v) for k, v in batch.items()], n)
+    assert len(frame) <= 1.05 * len(pickle.dumps(batch, protocol=5))
+    ids_only = encode_frame([Column("ids", C_LIST, batch["completion_ids"])], n)
+    assert len(ids_only) <= 4 * sum(map(len, batch["completion_ids"])) + 256
+
+
+# --------------------------------------------------------------------------------------------- sequences
+
+SEQUENCES: list[Any] = [
+    collections.deque(["a", "bb", "ccc"]),
+    array.array("q", [3, -1, 2**40]),
+    array.array("d", [1.5, -0.0, math.inf]),
+    array.array("B", [0, 255, 7]),
+    range(5, 8),
+    collections.UserList([[1, 2], [], [3]]),
+]
+
+
+@pytest.mark.parametrize("seq", SEQUENCES, ids=lambda s: type(s).__name__)
+def test_sequence_columns_are_per_sample_and_travel_as_lists(seq: Any) -> None:
+    """A deque, range, array.array... is a per-sample column, not a shared value; it arrives as a list."""
+    assert container_of(seq) == C_LIST
+    assert is_plain(seq, C_LIST)
+    _, col = frame_roundtrip(seq, C_LIST)
+    assert type(col.values) is list
+    assert same(col.values, list(seq))
+    assert take(seq, C_LIST, slice(1, None)) == list(seq)[1:]
+    assert take(seq, C_LIST, [2, 0]) == [seq[2], seq[0]]
+    assert same(concat("c", [seq, col.values], C_LIST), list(seq) * 2)
+    bound = Binder(lambda completions, **kw: completions, include=None, exclude=(), shared=()).bind(
+        (), {"completions": ["x", "y", "z"], "extra": seq}
+    )
+    assert [(c.name, c.container) for c in bound.columns] == [("completions", C_LIST), ("extra", C_LIST)]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "abc",
+        b"abc",
+        bytearray(b"abc"),
+        memoryview(b"abc"),
+        collections.UserString("abc"),
+        np.str_("abc"),
+        np.bytes_(b"abc"),
+        {"a": 1, "b": 2, "c": 3},
+        collections.OrderedDict(a=1),
+        types.MappingProxyType({"a": 1}),
+        collections.UserDict(a=1),
+        {1, 2, 3},
+        np.array(3),
+        torch.tensor(3),
+        3,
+        None,
+        iter([1, 2, 3]),
+    ],
+    ids=lambda v: type(v).__name__,
+)
+def test_strings_bytes_and_mappings_are_not_per_sample(value: Any) -> None:
+    assert container_of(value) is None
+
+
+@pytest.mark.parametrize("mode", ["main", "replicate", "shard"])
+def test_deque_range_and_array_arguments_are_synced_as_lists(mode: str) -> None:
+    seen: list[tuple[str, ...]] = []
+    extra = {"group_size": 1} if mode == "shard" else {}
+
+    def reward(completions: Any, ids: Any, **kwargs: Any) -> list[float]:
+        seen.append((type(completions).__name__, type(ids).__name__, type(kwargs["steps"]).__name__))
+        assert len(completions) == len(ids) == len(kwargs["steps"])
+        return [float(i + s) for i, s in zip(ids, kwargs["steps"], strict=True)]
+
+    def body(rank: int, backend: Any) -> Any:
+        fn = synced_reward(mode=mode, backend=backend, timeout=10, **extra)(reward)
+        ids = array.array("q", [10 * rank, 10 * rank + 1])
+        return fn(collections.deque([f"c{rank}", f"d{rank}"]), ids, steps=range(2 * rank, 2 * rank + 2))
+
+    results = _on_threads(2, body)
+    assert results == [("ok", [0.0, 2.0]), ("ok", [12.0, 14.0])]
+    assert seen and all(s == ("list", "list", "list") for s in seen)
+    if mode != "shard":
+        assert len(seen) == (1 if mode == "main" else 2)
+
+
+# --------------------------------------------------------------------------------------------- masked and object arrays
+
+
+def test_masked_arrays_are_refused_not_silently_unmasked() -> None:
+    m = np.ma.masked_array([1.0, 2.0, 3.0], mask=[False, True, False])
+    assert container_of(m) == C_NDARRAY
+    assert not is_plain(m, C_NDARRAY)
+    with pytest.raises(UnsupportedTypeError, match=r"column 'm'.*mask would be lost.*filled.*getmaskarray"):
+        encode_frame([Column("m", C_NDARRAY, m)], 3)
+    for value in (m, [1, m], {"k": m}, np.ma.masked):  # as a per-sample value too
+        with pytest.raises(UnsupportedTypeError, match="mask would be lost"):
+            encode_value(value, bytearray())
+    with pytest.raises(UnsupportedTypeError, match="mask would be lost"):
+        encode_frame([Column("m", C_LIST, [m[:1], m[1:2]])], 2)
+    # an object masked array: its tolist() would quietly turn the masked entries into None
+    obj = np.ma.masked_array(np.array(["a", "b"], dtype=object), mask=[True, False])
+    assert not is_plain(obj, C_NDARRAY)
+    with pytest.raises(UnsupportedTypeError, match="mask would be lost"):
+        encode_frame([Column("o", C_NDARRAY, obj)], 2)
+    # a **kwargs column holding one is left behind (the function gets a NotSynced), never sent unmasked
+    dropped: list[str] = []
+    frame = encode_frame([Column("m", C_NDARRAY, m)], 3, droppable=frozenset({"m"}), dropped=dropped)
+    assert dropped == ["m"]
+    assert decode_frame(bytes(frame))[1] == []
+
+
+OBJECT_ARRAYS: list[np.ndarray] = [
+    np.array([["a", "x"], ["b", None]], dtype=object),
+    np.array([[[1, "a"], [2.5, b"b"]]], dtype=object),  # 3-D
+    np.empty((0, 2), dtype=object),
+    np.array(None, dtype=object),  # 0-d
+    np.fromiter([[1, 2], (3,), {"k": [4]}], dtype=object, count=3),  # elements that are sequences
+    np.asfortranarray(np.array([["a", "b", "c"], ["d", "e", "f"]], dtype=object)),
+]
+
+
+@pytest.mark.parametrize("arr", OBJECT_ARRAYS, ids=lambda a: f"object{a.shape}")
+def test_object_arrays_round_trip_with_their_shape(arr: np.ndarray) -> None:
+    back = roundtrip(arr)
+    assert same(back, arr)
+    assert back.flags.c_contiguous
+
+
+def test_2d_object_array_column_keeps_its_shape_and_concatenates() -> None:
+    local = np.array([["a", "x"], ["b", "y"]], dtype=object)
+    peer = np.array([["c", None], ["d", "z"], ["e", "w"]], dtype=object)
+    enc, col = frame_roundtrip(peer, C_NDARRAY)
+    assert enc == E_OBJARRAY
+    assert same(col.values, peer)
+    both = concat("pairs", [local, col.values], C_NDARRAY)
+    assert both.shape == (5, 2) and both.dtype == object
+    assert both.tolist() == [["a", "x"], ["b", "y"], ["c", None], ["d", "z"], ["e", "w"]]
+    assert take(both, C_NDARRAY, [4, 0]).tolist() == [["e", "w"], ["a", "x"]]
+    assert is_plain(peer, C_NDARRAY)
+    assert not is_plain(np.array([[object()]], dtype=object), C_NDARRAY)
+
+
+def test_1d_object_array_column_of_sequences_concatenates() -> None:
+    local = np.fromiter([[1, 2], [3, 4]], dtype=object, count=2)
+    _, col = frame_roundtrip(local, C_NDARRAY)
+    both = concat("c", [local, col.values], C_NDARRAY)
+    assert both.shape == (4,) and both.tolist() == [[1, 2], [3, 4], [1, 2], [3, 4]]
+
+
+# --------------------------------------------------------------------------------------------- names, surrogates
+
+
+def test_lone_surrogates_in_column_names_and_values_round_trip() -> None:
+    cols = [
+        Column("col\udcff", C_LIST, ["v\udcff", "w"]),
+        Column("x\ud800", C_LIST, [{"k\udfff": "\ud800"}, None]),
+        Column("ok", C_TUPLE, ("\udfff", "\ud83d")),
+    ]
+    frame = encode_frame(cols, 2, meta={"\udcff": ["\ud800"]})
+    _, back, meta = decode_frame(bytes(frame))
+    assert [c.name for c in back] == ["col\udcff", "x\ud800", "ok"]
+    assert back[0].values == ["v\udcff", "w"]
+    assert back[1].values == [{"k\udfff": "\ud800"}, None]
+    assert back[2].values == ["\udfff", "\ud83d"]
+    assert meta == {"\udcff": ["\ud800"]}
+    assert decode_frame(bytes(frame), skip=frozenset({"col\udcff"}))[1][0].name == "x\ud800"
+
+
+# --------------------------------------------------------------------------------------------- tensors the wire refuses
+
+
+def _odd_tensors() -> list[torch.Tensor]:
+    out = [
+        torch.zeros(3).to_sparse(),
+        torch.zeros(3, device="meta"),
+        torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+    ]
+
+    class Sub(torch.Tensor):
+        pass
+
+    out.append(torch.ones(3).as_subclass(Sub))
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_tensors_a_plain_tensor_cannot_represent_are_refused() -> None:
+    for t in _odd_tensors():
+        assert not is_plain(t, C_TENSOR)
+        with pytest.raises(UnsupportedTypeError):
+            encode_value(t, bytearray())
+        with pytest.raises(UnsupportedTypeError, match="column 't'"):
+            encode_frame([Column("t", C_TENSOR, t)], 3)
+    p = torch.nn.Parameter(torch.ones(2))  # a Parameter is a plain tensor
+    assert same(roundtrip(p), torch.ones(2))
+    assert is_plain(p, C_TENSOR)
 
 
 # --------------------------------------------------------------------------------------------- no code on the wire
