@@ -7,6 +7,9 @@ allocation fails there instead of swapping the machine) that measures its peak R
 
 from __future__ import annotations
 
+import array
+import collections
+import enum
 import json
 import os
 import struct
@@ -14,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 import tracemalloc
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -27,7 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from test_codec import same
 
-from syncreward import CodecError
+from syncreward import CodecError, SyncRewardError, UnsupportedTypeError
 from syncreward._codec import (
     C_LIST,
     C_NDARRAY,
@@ -48,10 +52,13 @@ from syncreward._codec import (
     T_STR,
     T_TENSOR,
     Column,
+    _encode_column_body,
+    container_of,
     decode_frame,
     decode_value,
     encode_frame,
     encode_value,
+    is_plain,
 )
 
 FUZZ = settings(
@@ -511,3 +518,239 @@ def test_zero_dim_and_mismatched_column_bodies_are_codec_errors() -> None:
         decode_frame(frame_with(C_LIST, E_TENSOR, body))
     with pytest.raises(CodecError, match="does not fit"):
         decode_frame(frame_with(C_TENSOR, E_STR, bytearray(_u64(0))))
+
+
+# --------------------------------------------------------------------------------------------- encoding anything
+
+
+class _Boom(Exception):
+    pass
+
+
+class _Exploding:
+    """Every hook raises: __len__, __iter__, __eq__, __hash__, __index__, __reduce__, __array__, ..."""
+
+    def _boom(self, *_: Any, **__: Any) -> Any:
+        raise _Boom("boom")
+
+    __len__ = __iter__ = __eq__ = __hash__ = __index__ = __reduce__ = __reduce_ex__ = __bool__ = _boom
+    __getitem__ = __float__ = __int__ = __array__ = _boom
+
+    def __repr__(self) -> str:
+        return "<_Exploding>"
+
+
+class _LyingClass:
+    """``isinstance`` consults ``__class__``, which raises here (kept out of hypothesis: it reprs examples)."""
+
+    @property
+    def __class__(self) -> Any:  # type: ignore[override]
+        raise _Boom("class")
+
+
+class _ExplodingList(list):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        raise _Boom("iter")
+
+    def __len__(self) -> int:
+        raise _Boom("len")
+
+
+class _IntSub(int):
+    pass
+
+
+class _StrSub(str):
+    pass
+
+
+class _Color(enum.IntEnum):
+    RED = 1
+
+
+def _generator() -> Iterator[int]:
+    yield 1
+
+
+def _odd_objects() -> list[Any]:
+    out: list[Any] = [
+        object(),
+        _Exploding(),
+        _ExplodingList([1, 2]),
+        _IntSub(3),
+        _StrSub("s"),
+        _Color.RED,
+        {1, 2},
+        frozenset({"a"}),
+        1 + 2j,
+        bytearray(b"ab"),
+        memoryview(b"ab"),
+        _generator(),
+        lambda: 1,
+        type,
+        Ellipsis,
+        NotImplemented,
+        slice(1, 2),
+        range(3),
+        collections.deque([1]),
+        collections.OrderedDict(a=1),
+        array.array("q", [1, 2]),
+        10**5000,
+        -(10**5000),
+        2**64,
+        float("nan"),
+        "\udcff\ud800",
+        np.datetime64("2020-01-01"),
+        np.timedelta64(3, "s"),
+        np.array(["2020-01-01"], dtype="datetime64[D]"),
+        np.zeros(2, dtype=[("a", "<i4")]),
+        np.zeros(2, dtype=[("a", object)]),
+        np.zeros((2, 2), dtype="V3"),
+        np.void(b"abc"),
+        np.ma.masked_array([1, 2], mask=[1, 0]),
+        np.ma.masked,
+        np.matrix([[1, 2]]),
+        np.array([object()], dtype=object),
+        np.fromiter([1, _Exploding()], dtype=object, count=2).reshape(1, 2),
+        np.zeros((1,) * 33),
+        np.float128(1) if hasattr(np, "float128") else np.longdouble(1),
+        torch.zeros(3).to_sparse(),
+        torch.zeros(3, device="meta"),
+        torch.zeros(2, dtype=torch.complex32) if hasattr(torch, "complex32") else torch.zeros(2),
+        torch.zeros(2, dtype=torch.uint16) if hasattr(torch, "uint16") else torch.zeros(2),
+        torch.zeros(2, dtype=torch.float8_e4m3fn) if hasattr(torch, "float8_e4m3fn") else torch.zeros(2),
+        torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8),
+        torch.ones(3).as_subclass(_TensorSub),
+        torch.nn.Parameter(torch.ones(2)),
+    ]
+    recursive: list[Any] = [1]
+    recursive.append(recursive)
+    out.append(recursive)
+    d: dict[Any, Any] = {}
+    d["self"] = d
+    out.append(d)
+    return out
+
+
+class _TensorSub(torch.Tensor):
+    pass
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # experimental / deprecated tensor kinds
+    ODD = _odd_objects()
+
+
+def _odd(i: int) -> Any:
+    return ODD[i]
+
+
+odd = st.integers(0, len(ODD) - 1).map(_odd)  # (sampled_from would repr them all up front)
+anything = st.recursive(
+    st.one_of(leaves, odd),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.lists(inner, min_size=1, max_size=3).map(lambda xs: np.fromiter(xs, dtype=object, count=len(xs)))
+        | st.dictionaries(st.one_of(st.text(max_size=3), st.integers(-3, 3)), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def only_unsupported(encode: Callable[[], Any]) -> bool:
+    """Run an encoding; True if it succeeded, False if it raised UnsupportedTypeError. Anything else fails."""
+    try:
+        encode()
+    except UnsupportedTypeError:
+        return False
+    except SyncRewardError:
+        return False
+    except BaseException as e:
+        raise AssertionError(f"{type(e).__name__}: {e} escaped the encoder") from e
+    return True
+
+
+@FUZZ
+@given(anything, st.booleans())
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_encoding_any_object_raises_only_unsupported_type_error(value: Any, allow_pickle: bool) -> None:
+    out = bytearray()
+    if only_unsupported(lambda: encode_value(value, out, allow_pickle=allow_pickle)) and not allow_pickle:
+        decode_value(bytes(out))  # what encodes, decodes
+
+
+@FUZZ
+@given(st.lists(anything, min_size=1, max_size=4), st.none() | odd)
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_encoding_any_column_raises_only_unsupported_type_error(values: list[Any], column: Any) -> None:
+    """As columns: lists of anything, and the odd objects themselves as whole columns (when per-sample)."""
+    cases: list[tuple[int, Any]] = [(C_LIST, values), (C_TUPLE, tuple(values))]
+    if column is not None:
+        container = container_of(column)
+        if container is not None:
+            cases.append((container, column))
+    for container, vals in cases:
+        try:
+            n = len(vals)
+        except Exception:
+            n = 2
+        col = Column("c\udcff", container, vals)
+        ok = only_unsupported(lambda col=col, n=n: encode_frame([col], n))  # type: ignore[misc]
+        plain = is_plain(vals, container)
+        assert plain == ok or (ok and container == C_NDARRAY), (container, vals)
+        dropped: list[str] = []
+        frame = encode_frame([col], n, droppable=frozenset({col.name}), dropped=dropped)  # never raises
+        assert dropped == ([] if ok else [col.name])
+        if ok:
+            decode_frame(bytes(frame))
+
+
+# --------------------------------------------------------------------------------------------- integer columns
+
+int_cells = st.one_of(
+    st.integers(0, 255),
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(0, 200_000),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**70), 2**70),
+)
+odd_cells = st.one_of(
+    st.booleans(), st.sampled_from([np.int64(1), np.int32(-1), np.uint8(3), 1.0, None, "1", _Color.RED, _IntSub(2)])
+)
+
+
+@FUZZ
+@given(
+    st.lists(st.lists(int_cells, max_size=12), min_size=1, max_size=8),
+    st.lists(st.tuples(st.integers(0, 7), st.integers(0, 12), odd_cells), max_size=2),
+)
+@example([[True]], [])
+@example([[0, 1], [2]], [(0, 1, True)])
+@example([[2**31 - 1, -(2**31)], [2**31]], [])
+def test_int_list_columns_round_trip_exactly(rows: list[list[Any]], inserts: list[tuple[int, int, Any]]) -> None:
+    """Token-id columns: narrow dtypes, empty rows, negatives, > int32, and bool/numpy/float cells mixed in."""
+    for r, i, v in inserts:
+        rows[r % len(rows)].insert(i, v)
+    pure = all(type(x) is int and -(2**63) <= x < 2**63 for row in rows for x in row)
+    for container, column in ((C_LIST, rows), (C_TUPLE, tuple(rows))):
+        if any(isinstance(x, (_Color, _IntSub)) for row in rows for x in row):  # int subclasses: refused, not cast
+            with pytest.raises(UnsupportedTypeError, match="_Color|_IntSub"):
+                encode_frame([Column("ids", container, column)], len(rows))
+            continue
+        frame = encode_frame([Column("ids", container, column)], len(rows))
+        _, cols, _ = decode_frame(bytes(frame))
+        assert same(list(cols[0].values), list(column))
+        body = bytearray()
+        assert (_encode_column_body(column, container, body, False) == E_INTLISTS) == pure
+        flat = [x for row in rows for x in row]
+        if pure and flat:
+            assert len(body) <= 8 + 16 + 8 * len(rows) + 8 + 8 * len(flat)
+
+
+def test_encoding_an_object_whose_class_lookup_raises() -> None:
+    for allow_pickle in (False, True):
+        assert not only_unsupported(lambda a=allow_pickle: encode_value([_LyingClass()], bytearray(), allow_pickle=a))
+        col = Column("c", C_LIST, [_LyingClass()])
+        assert not only_unsupported(lambda a=allow_pickle: encode_frame([col], 1, allow_pickle=a))
+    assert not is_plain([_LyingClass()], C_LIST)
