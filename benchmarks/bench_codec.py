@@ -89,18 +89,32 @@ def variants(batch: dict[str, Any], old: ModuleType | None) -> dict[str, tuple[C
     return out
 
 
+def _calls_per_sample(fn: Callable[[], Any], target_s: float = 0.002) -> int:
+    """How many calls make one timing sample of about ``target_s`` (small payloads: many calls per sample)."""
+    t0 = time.perf_counter()
+    fn()
+    return max(1, min(1000, int(target_s / max(time.perf_counter() - t0, 1e-7))))
+
+
 def measure(vs: dict[str, tuple[Callable[[], Any], Callable[[], Any], int]], rounds: int) -> dict[str, Any]:
-    """Interleaved timings: each round runs every variant's encode then decode once, in a rotating order."""
+    """Interleaved timings: each round runs every variant's encode then decode, in a rotating order.
+
+    One sample is ``k`` back-to-back calls (k chosen once per operation so that a sample takes ~2 ms)
+    divided by ``k``; a garbage collection runs before each round, outside the timings.
+    """
     names = list(vs)
     times: dict[str, dict[str, list[float]]] = {v: {"encode": [], "decode": []} for v in names}
+    calls = {(v, i): _calls_per_sample(vs[v][i]) for v in names for i in (0, 1)}
     for r in range(rounds):
+        gc.collect()
         order = names[r % len(names) :] + names[: r % len(names)]
         for v in order:
-            for op, fn in (("encode", vs[v][0]), ("decode", vs[v][1])):
-                gc.collect()
+            for i, op in enumerate(("encode", "decode")):
+                fn, k = vs[v][i], calls[v, i]
                 t0 = time.perf_counter()
-                result = fn()
-                times[v][op].append(time.perf_counter() - t0)
+                for _ in range(k):
+                    result = fn()
+                times[v][op].append((time.perf_counter() - t0) / k)
                 del result
     out: dict[str, Any] = {}
     for v in names:

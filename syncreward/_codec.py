@@ -47,6 +47,7 @@ import marshal
 import pickle
 import re
 import struct
+import sys
 from collections import UserString
 from collections.abc import Sequence
 from itertools import chain, pairwise
@@ -65,6 +66,7 @@ __all__ = [
     "decode_value",
     "encode_frame",
     "encode_value",
+    "is_image_column",
     "is_plain",
 ]
 
@@ -96,7 +98,13 @@ E_GENERIC, E_STR, E_F64, E_INT, E_BOOL, E_INTLISTS, E_ARRAY, E_TENSOR, E_OBJARRA
     T_TENSOR,
     T_PICKLE,
     T_OBJARRAY,
-) = range(16)
+    T_IMAGE,
+) = range(17)
+
+# What an encoding may hold besides plain data (the ``level`` of the internal encoders):
+# _PLAIN: nothing else (is_plain, and **kwargs columns that may be left behind);
+# _IMAGES: PIL images too (columns the function names, meta);  _PICKLE: images and pickled objects.
+_PLAIN, _IMAGES, _PICKLE = 0, 1, 2
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
@@ -134,6 +142,89 @@ _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _MAX_NDIM = 32
 _MAX_BIGINT_DIGITS = 4300  # Python's default int <-> str limit (sys.get_int_max_str_digits())
 
+# PIL image modes that travel as raw pixels, with their bits per pixel (mode "1" rows are padded to bytes).
+# "I" and "F" are native-endian 32-bit in PIL: they travel between little-endian hosts only.
+_IMAGE_MODES = {
+    "1": 1,
+    "L": 8,
+    "P": 8,
+    "LA": 16,
+    "La": 16,
+    "PA": 16,
+    "I;16": 16,
+    "I;16L": 16,
+    "I;16B": 16,
+    "RGB": 24,
+    "YCbCr": 24,
+    "LAB": 24,
+    "HSV": 24,
+    "RGBA": 32,
+    "RGBa": 32,
+    "RGBX": 32,
+    "CMYK": 32,
+    "I": 32,
+    "F": 32,
+}
+_NATIVE_IMAGE_MODES = frozenset({"I", "F"})
+_PALETTE_MODES = {"RGB": 3, "RGBA": 4}
+MAX_IMAGE_PIXELS = 1 << 28  # 268M pixels (1 GiB of RGBA): larger images are refused on both sides
+
+
+def _image_module() -> Any:
+    """``PIL.Image`` if something already imported it (a PIL image cannot exist otherwise), else ``None``."""
+    return sys.modules.get("PIL.Image")
+
+
+def _is_image(obj: object) -> bool:
+    image = _image_module()
+    return image is not None and isinstance(obj, image.Image)
+
+
+def _image_nbytes(mode: str, width: int, height: int) -> int:
+    if mode == "1":
+        return (width + 7) // 8 * height
+    return _IMAGE_MODES[mode] // 8 * width * height
+
+
+def _image_problem(im: Any) -> str | None:
+    """Why the wire format cannot carry this PIL image, or ``None`` if it can."""
+    if im.mode not in _IMAGE_MODES or (im.mode in _NATIVE_IMAGE_MODES and sys.byteorder != "little"):
+        return (
+            f"PIL images of mode {im.mode!r} are not supported by the wire format "
+            f"(supported: {', '.join(_IMAGE_MODES)}). HINT: convert it first, e.g. image.convert('RGB')"
+        )
+    if im.width * im.height > MAX_IMAGE_PIXELS or (im.width * im.height == 0 and max(im.size) > 1 << 16):
+        return f"a {im.width}x{im.height} PIL image is larger than the wire format's {MAX_IMAGE_PIXELS} pixels"
+    if im.mode in ("P", "PA") and im.palette is not None and im.palette.mode not in _PALETTE_MODES:
+        return f"PIL images with a {im.palette.mode!r} palette are not supported. HINT: convert it to 'RGB'/'RGBA'"
+    return None
+
+
+def is_image_column(values: Any, container: int) -> bool:
+    """Whether a column holds PIL images that the wire format carries without pickle.
+
+    True for a list or tuple column in which every sample is a PIL image of a supported mode, ``None``,
+    or a list/tuple of such images (multi-image samples), with at least one image. Such columns are *not*
+    plain (:func:`is_plain` is False for them, so a ``**kwargs`` image column is still left behind), but
+    they travel without pickle in columns the function names; the binding layer can use this predicate to
+    decide to send image columns too.
+    """
+    if container not in (C_LIST, C_TUPLE) or _image_module() is None:
+        return False
+    seen = False
+    try:
+        for v in values:
+            items = v if type(v) in (list, tuple) else (v,)
+            for item in items:
+                if item is None:
+                    continue
+                if not _is_image(item) or _image_problem(item) is not None:
+                    return False
+                seen = True
+    except Exception:
+        return False
+    return seen
+
 # marshal (format version 2, no back-references) writes a list as b"[" + u32 count and an int of the
 # int32 range as b"i" + i32: a list of lists of such ints is a run of 5-byte records.
 _M_LIST, _M_INT = ord("["), ord("i")
@@ -165,6 +256,11 @@ def _type_name(obj: object) -> str:
 
 
 def _unsupported(obj: object) -> UnsupportedTypeError:
+    if _is_image(obj):
+        return UnsupportedTypeError(
+            "PIL images travel without pickle only in columns the function names (or lists them in include=[...]); "
+            "a **kwargs image column is left behind unless named."
+        )
     if isinstance(obj, np.ma.MaskedArray):
         return UnsupportedTypeError(
             "cannot send a numpy masked array between ranks: its mask would be lost. HINT: send the data and the "
@@ -275,13 +371,13 @@ def _encode_ndarray(a: np.ndarray, out: bytearray) -> None:
     out += _raw(a)
 
 
-def _encode_objarray(a: np.ndarray, out: bytearray, allow_pickle: bool, depth: int) -> None:
+def _encode_objarray(a: np.ndarray, out: bytearray, level: int, depth: int) -> None:
     """An object array: its shape, then one tagged value per element (C order)."""
     if a.ndim > _MAX_NDIM:
         raise UnsupportedTypeError(f"arrays with more than {_MAX_NDIM} dimensions are not supported")
     _encode_shape(a.shape, out)
     for item in a.reshape(-1):
-        _encode(item, out, allow_pickle, depth + 1)
+        _encode(item, out, level, depth + 1)
 
 
 def _encode_tensor(t: torch.Tensor, out: bytearray) -> None:
@@ -297,7 +393,38 @@ def _encode_tensor(t: torch.Tensor, out: bytearray) -> None:
     out += raw.data
 
 
-def _encode(obj: object, out: bytearray, allow_pickle: bool, depth: int) -> None:
+def _encode_image(im: Any, out: bytearray) -> None:
+    """A PIL image: mode, size, palette (P/PA), ``info["transparency"]``, raw pixels (``Image.tobytes()``)."""
+    problem = _image_problem(im)
+    if problem:
+        raise UnsupportedTypeError(problem)
+    raw = im.tobytes()
+    if len(raw) != _image_nbytes(im.mode, im.width, im.height):  # never expected: the table is tested
+        raise UnsupportedTypeError(f"unexpected raw size of a PIL image of mode {im.mode!r}")
+    mode = im.mode.encode()
+    out += _U8.pack(len(mode))
+    out += mode
+    out += _U32.pack(im.width)
+    out += _U32.pack(im.height)
+    palette = im.palette.mode if im.mode in ("P", "PA") and im.palette is not None else ""
+    out += _U8.pack(len(palette))
+    if palette:
+        out += palette.encode()
+        data = bytes(im.getpalette(palette) or ())
+        out += _U32.pack(len(data))
+        out += data
+    transparency = im.info.get("transparency")
+    if not (
+        type(transparency) in (int, bytes)
+        or (type(transparency) is tuple and all(type(x) is int for x in transparency) and len(transparency) <= 4)
+    ):
+        transparency = None
+    _encode(transparency, out, _PLAIN, MAX_DEPTH - 1)
+    out += _U64.pack(len(raw))
+    out += raw
+
+
+def _encode(obj: object, out: bytearray, level: int, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise UnsupportedTypeError(f"value nested deeper than {MAX_DEPTH} levels (or self-referencing)")
     t = type(obj)
@@ -328,18 +455,18 @@ def _encode(obj: object, out: bytearray, allow_pickle: bool, depth: int) -> None
     elif t is list or t is tuple:
         out += _TAG_LEN.pack(T_LIST if t is list else T_TUPLE, len(obj))  # type: ignore[arg-type]
         for item in obj:  # type: ignore[attr-defined]
-            _encode(item, out, allow_pickle, depth + 1)
+            _encode(item, out, level, depth + 1)
     elif t is dict:
         out += _TAG_LEN.pack(T_DICT, len(obj))  # type: ignore[arg-type]
         for k, v in obj.items():  # type: ignore[attr-defined]
-            _encode(k, out, allow_pickle, depth + 1)
-            _encode(v, out, allow_pickle, depth + 1)
+            _encode(k, out, level, depth + 1)
+            _encode(v, out, level, depth + 1)
     elif t is bytes:
         out += _TAG_LEN.pack(T_BYTES, len(obj))  # type: ignore[arg-type]
         out += obj  # type: ignore[operator,arg-type]
     elif t is np.ndarray and obj.dtype == object:  # type: ignore[attr-defined]
         out.append(T_OBJARRAY)
-        _encode_objarray(obj, out, allow_pickle, depth)  # type: ignore[arg-type]
+        _encode_objarray(obj, out, level, depth)  # type: ignore[arg-type]
     elif t is np.ndarray and not obj.dtype.hasobject:  # type: ignore[attr-defined]
         out.append(T_ARRAY)
         _encode_ndarray(obj, out)  # type: ignore[arg-type]
@@ -349,10 +476,13 @@ def _encode(obj: object, out: bytearray, allow_pickle: bool, depth: int) -> None
         out += _U8.pack(len(d))
         out += d
         out += obj.tobytes()[: obj.dtype.itemsize]  # np.str_("") is "<U0" yet tobytes() gives 4 bytes
-    elif isinstance(obj, torch.Tensor) and (not allow_pickle or _tensor_problem(obj) is None):
+    elif isinstance(obj, torch.Tensor) and (level < _PICKLE or _tensor_problem(obj) is None):
         out.append(T_TENSOR)
         _encode_tensor(obj, out)
-    elif allow_pickle:
+    elif level and _is_image(obj) and (level < _PICKLE or _image_problem(obj) is None):
+        out.append(T_IMAGE)
+        _encode_image(obj, out)
+    elif level >= _PICKLE:
         b = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         out += _TAG_LEN.pack(T_PICKLE, len(b))
         out += b
@@ -374,7 +504,7 @@ def encode_value(obj: object, out: bytearray, allow_pickle: bool = False, _depth
             raised (but ``MemoryError``); ``out`` may then hold a partial encoding.
     """
     try:
-        _encode(obj, out, allow_pickle, _depth)
+        _encode(obj, out, _PICKLE if allow_pickle else _IMAGES, _depth)
     except (SyncRewardError, MemoryError):
         raise
     except RecursionError as e:
@@ -431,8 +561,11 @@ def _encode_ints(a: np.ndarray, out: bytearray) -> None:
     out += _raw(narrow)
 
 
-def _encode_column_body(values: Any, container: int, out: bytearray, allow_pickle: bool) -> int:
-    """Append a column body to ``out``; return the encoding used."""
+def _encode_column_body(values: Any, container: int, out: bytearray, level: int) -> int:
+    """Append a column body to ``out``; return the encoding used.
+
+    ``level``: ``_PLAIN`` (or False), ``_IMAGES`` or ``_PICKLE``: what the column may hold besides plain data.
+    """
     if container == C_TENSOR:
         _encode_tensor(values, out)
         return E_TENSOR
@@ -443,7 +576,7 @@ def _encode_column_body(values: Any, container: int, out: bytearray, allow_pickl
             if values.dtype != object:
                 raise UnsupportedTypeError(f"numpy arrays of dtype {values.dtype} are not supported")
             if values.ndim > 1:  # keeps its shape: a (n, 2) array of str comes back (n, 2)
-                _encode_objarray(values, out, allow_pickle, 0)
+                _encode_objarray(values, out, level, 0)
                 return E_OBJARRAY
             values = values.tolist()
         else:
@@ -485,7 +618,7 @@ def _encode_column_body(values: Any, container: int, out: bytearray, allow_pickl
             return E_INTLISTS
     out += _U64.pack(n)
     for v in values:
-        _encode(v, out, allow_pickle, 1)
+        _encode(v, out, level, 1)
     return E_GENERIC
 
 
@@ -506,7 +639,7 @@ def is_plain(values: Any, container: int) -> bool:
             return True
         if types == {list} and set(map(type, chain.from_iterable(values))) <= _SCALARS:
             return True
-        _encode_column_body(values, container, bytearray(), False)
+        _encode_column_body(values, container, bytearray(), _PLAIN)
     except Exception:
         return False
     return True
@@ -565,7 +698,8 @@ def encode_frame(
         body_at = len(out)
         drop = col.name in droppable
         try:
-            out[enc_at] = _encode_column_body(col.values, col.container, out, allow_pickle and not drop)
+            level = _PLAIN if drop else _PICKLE if allow_pickle else _IMAGES
+            out[enc_at] = _encode_column_body(col.values, col.container, out, level)
         except MemoryError:
             del out[mark:]
             raise
@@ -710,6 +844,47 @@ def _decode_tensor(r: _Reader) -> torch.Tensor:
     return t.view(dtype).reshape(shape)
 
 
+def _decode_image(r: _Reader) -> Any:
+    mode = bytes(r.take(r.u8())).decode("ascii", "replace")
+    width, height = r.u32(), r.u32()
+    if mode not in _IMAGE_MODES or (mode in _NATIVE_IMAGE_MODES and sys.byteorder != "little"):
+        raise CodecError(f"unsupported image mode {mode!r} in payload")
+    # PIL allocates a pointer per row even for an empty image: an empty image may not be tall (or wide)
+    if width * height > MAX_IMAGE_PIXELS or (width * height == 0 and max(width, height) > 1 << 16):
+        raise CodecError(f"corrupt payload: a {width}x{height} image declared")
+    palette_mode = bytes(r.take(r.u8())).decode("ascii", "replace")
+    palette = b""
+    if palette_mode:
+        if palette_mode not in _PALETTE_MODES or mode not in ("P", "PA"):
+            raise CodecError(f"corrupt payload: palette {palette_mode!r} for an image of mode {mode!r}")
+        palette = bytes(r.take(r.u32()))
+        if len(palette) > 256 * _PALETTE_MODES[palette_mode] or len(palette) % _PALETTE_MODES[palette_mode]:
+            raise CodecError(f"corrupt payload: palette of {len(palette)} bytes")
+    transparency = _decode(r, MAX_DEPTH - 1)
+    if not (
+        transparency is None
+        or type(transparency) in (int, bytes)
+        or (type(transparency) is tuple and len(transparency) <= 4 and all(type(x) is int for x in transparency))
+    ):
+        raise CodecError("corrupt payload: invalid image transparency")
+    nbytes = r.u64()
+    if nbytes != _image_nbytes(mode, width, height):
+        raise CodecError(f"corrupt payload: {nbytes} bytes of pixels for a {width}x{height} {mode!r} image")
+    raw = r.take(nbytes)  # every pixel byte is present before PIL allocates the image
+    try:
+        from PIL import Image
+    except ImportError:
+        raise CodecError(
+            "payload holds a PIL image but pillow is not installed on this rank. HINT: pip install pillow"
+        ) from None
+    im = Image.frombytes(mode, (width, height), raw)
+    if palette_mode:
+        im.putpalette(palette, palette_mode)
+    if transparency is not None:
+        im.info["transparency"] = transparency
+    return im
+
+
 def _decode(r: _Reader, depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise CodecError(f"corrupt payload: nested deeper than {MAX_DEPTH} levels")
@@ -764,6 +939,8 @@ def _decode(r: _Reader, depth: int) -> Any:
         return np.frombuffer(r.take(dt.itemsize), dtype=dt)[0]
     if tag == T_TENSOR:
         return _decode_tensor(r)
+    if tag == T_IMAGE:
+        return _decode_image(r)
     if tag == T_PICKLE:
         data = r.take(r.u64())
         if not r.allow_pickle:

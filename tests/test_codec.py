@@ -42,6 +42,7 @@ from syncreward._codec import (
     decode_value,
     encode_frame,
     encode_value,
+    is_image_column,
     is_plain,
 )
 
@@ -644,6 +645,101 @@ def test_tensors_a_plain_tensor_cannot_represent_are_refused() -> None:
     p = torch.nn.Parameter(torch.ones(2))  # a Parameter is a plain tensor
     assert same(roundtrip(p), torch.ones(2))
     assert is_plain(p, C_TENSOR)
+
+
+# --------------------------------------------------------------------------------------------- PIL images
+
+IMAGE_MODES = ["1", "L", "P", "LA", "La", "PA", "I;16", "I;16L", "I;16B", "RGB", "YCbCr", "LAB", "HSV"]
+IMAGE_MODES += ["RGBA", "RGBa", "RGBX", "CMYK", "I", "F"]
+
+
+def _image(mode: str, size: tuple[int, int] = (13, 7), seed: int = 0) -> Any:
+    """A deterministic image of ``mode`` whose every byte (palette too) differs from its neighbours."""
+    image = pytest.importorskip("PIL.Image")
+    im = image.new(mode, size)
+    raw = np.random.default_rng(seed).integers(0, 256, len(im.tobytes()), dtype=np.uint8).tobytes()
+    if mode == "F":  # keep the floats finite (NaN payloads would make the byte comparison moot)
+        raw = np.random.default_rng(seed).standard_normal(size[0] * size[1]).astype(np.float32).tobytes()
+    im = image.frombytes(mode, size, raw)
+    if mode in ("P", "PA"):
+        im.putpalette(bytes(range(256)) * 3, "RGB")
+        im.info["transparency"] = 3
+    return im
+
+
+def same_image(a: Any, b: Any) -> bool:
+    return (
+        a.mode == b.mode
+        and a.size == b.size
+        and a.tobytes() == b.tobytes()
+        and (a.mode not in ("P", "PA") or a.getpalette() == b.getpalette())
+        and a.info.get("transparency") == b.info.get("transparency")
+    )
+
+
+@pytest.mark.parametrize("mode", IMAGE_MODES)
+def test_pil_images_round_trip_without_pickle(mode: str) -> None:
+    from syncreward._codec import _image_nbytes
+
+    for size in ((13, 7), (1, 1), (0, 0), (9, 0), (448, 3)):
+        im = _image(mode, size)
+        assert len(im.tobytes()) == _image_nbytes(mode, *size)  # the decoder's size table is PIL's
+        out = bytearray()
+        encode_value(im, out)
+        assert b"PIL" not in out  # raw pixels, no pickle
+        back = decode_value(bytes(out))
+        assert type(back).__name__ == "Image"
+        assert same_image(back, im)
+        back.load()  # a real, writable image
+        if size != (0, 0) and size[1]:
+            back.putpixel((0, 0), im.getpixel((0, 0)))
+
+
+def test_image_columns_travel_when_named_and_are_left_behind_in_kwargs() -> None:
+    ims = [_image("RGB", seed=i) for i in range(3)]
+    column = [ims[0], None, [ims[1], ims[2]]]
+    assert is_image_column(column, C_LIST)
+    assert is_image_column(tuple(column), C_TUPLE)
+    assert not is_plain(column, C_LIST)  # what counts as plain (for **kwargs columns) is unchanged
+    frame = encode_frame([Column("image", C_LIST, column)], 3)
+    _, cols, _ = decode_frame(bytes(frame))
+    back = cols[0].values
+    assert same_image(back[0], ims[0]) and back[1] is None and all(map(same_image, back[2], ims[1:]))
+    dropped: list[str] = []
+    encode_frame([Column("image", C_LIST, column)], 3, droppable=frozenset({"image"}), dropped=dropped)
+    assert dropped == ["image"]
+    with pytest.raises(UnsupportedTypeError, match="names"):
+        _encode_column_body(column, C_LIST, bytearray(), False)  # the plain-only level, as is_plain uses it
+    for other in ([], [None], [ims[0], "x"], [ims[0], [ims[1], 1]], np.array([1]), [_image("I;16N")]):
+        container = container_of(other) or C_LIST
+        assert not is_image_column(other, container)
+
+
+def test_unsupported_image_modes_are_refused_clearly() -> None:
+    im = _image("I;16N")  # native-endian 16 bit: not portable
+    with pytest.raises(UnsupportedTypeError, match=r"mode 'I;16N'.*convert"):
+        encode_value(im, bytearray())
+    with pytest.raises(UnsupportedTypeError, match=r"column 'image'.*mode 'I;16N'"):
+        encode_frame([Column("image", C_LIST, [im])], 1)
+    back = roundtrip([im], allow_pickle=True)  # the opt-in pickles it instead
+    assert back[0].mode == "I;16N" and back[0].tobytes() == im.tobytes()
+
+
+def test_images_are_refused_by_a_rank_without_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    out = bytearray()
+    encode_value(_image("L"), out)
+    real_import = builtins.__import__
+
+    def no_pil(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("PIL"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pil)
+    with pytest.raises(CodecError, match="pillow is not installed"):
+        decode_value(bytes(out))
 
 
 # --------------------------------------------------------------------------------------------- no code on the wire
