@@ -541,6 +541,9 @@ def _intlists_marshal(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] 
 
 def _intlists(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Row lengths and flat values (int32 or int64) of a list of lists of ints, or ``None``."""
+    first = next((row[0] for row in rows if row), 0)
+    if type(first) is not int:  # e.g. lists of str: not worth a marshal pass
+        return None
     got = _intlists_marshal(rows, n)
     if got is not None:
         return got
@@ -1006,11 +1009,12 @@ def _decode_column_body(r: _Reader, enc: int, end: int) -> Any:
     if enc == E_STR:
         _, offsets = _rows(r, n)
         r.align8()
-        blob = bytes(r.take(offsets[-1]))
+        raw = r.take(offsets[-1])
         try:
-            if blob.isascii():
-                s = blob.decode("ascii")
-                return [s[a:b] for a, b in pairwise(offsets)]
+            text = str(raw, "utf-8", "surrogatepass")
+            if len(text) == len(raw):  # all ASCII (any other character takes 2-4 bytes): byte offsets are indices
+                return [text[a:b] for a, b in pairwise(offsets)]
+            blob = bytes(raw)
             return [blob[a:b].decode("utf-8", "surrogatepass") for a, b in pairwise(offsets)]
         except UnicodeDecodeError as e:
             raise CodecError(f"corrupt payload: invalid UTF-8 ({e})") from None
