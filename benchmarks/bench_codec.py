@@ -15,6 +15,7 @@ Run from the repository root::
 
     python benchmarks/bench_codec.py                      # trl and large, 30 rounds
     python benchmarks/bench_codec.py --rounds 60 --columns  # and each column on its own
+    python benchmarks/bench_codec.py --images 8            # and a column of 8 PIL images (448x448 RGB)
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def load_codec_at(ref: str) -> ModuleType | None:
     with open(path, "w") as f:
         f.write(src)
     spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # relative imports (from ._errors import ...) resolve within syncreward
     spec.loader.exec_module(module)
@@ -68,11 +70,14 @@ def codec_variant(codec: ModuleType, batch: dict[str, Any]) -> tuple[Callable[[]
     cols = [codec.Column(k, codec.container_of(v), v) for k, v in batch.items()]
     frame = bytes(codec.encode_frame(cols, n))
     nrows, back, _ = codec.decode_frame(frame)
-    assert nrows == n and {c.name: list(c.values) for c in back} == {k: list(v) for k, v in batch.items()}
+    assert nrows == n
+    assert {c.name: list(c.values) for c in back} == {k: list(v) for k, v in batch.items()}
     return (lambda: codec.encode_frame(cols, n)), (lambda: codec.decode_frame(frame)), len(frame)
 
 
-def variants(batch: dict[str, Any], old: ModuleType | None) -> dict[str, tuple[Callable[[], Any], Callable[[], Any], int]]:
+def variants(
+    batch: dict[str, Any], old: ModuleType | None
+) -> dict[str, tuple[Callable[[], Any], Callable[[], Any], int]]:
     out: dict[str, tuple[Callable[[], Any], Callable[[], Any], int]] = {}
     if old is not None:
         out["old"] = codec_variant(old, batch)
@@ -133,8 +138,8 @@ def table(title: str, res: dict[str, Any]) -> str:
     lines = [
         f"### {title}",
         "",
-        "| variant | bytes | × pickle bytes | encode ms (min / median) | decode ms (min / median) "
-        "| enc+dec median ms | × old | × pickle |",
+        "| variant | bytes | / pickle bytes | encode ms (min / median) | decode ms (min / median) "
+        "| enc+dec median ms | / old | / pickle |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for v, row in res.items():
@@ -149,12 +154,30 @@ def table(title: str, res: dict[str, Any]) -> str:
         new = res["new"]
         lines += [
             "",
-            f"new vs old (medians): encode {new['encode_median_ms'] / ref['encode_median_ms']:.2f}×, "
-            f"decode {new['decode_median_ms'] / ref['decode_median_ms']:.2f}×, "
-            f"encode+decode {new['total_median_ms'] / ref['total_median_ms']:.2f}×, "
-            f"bytes {new['bytes'] / ref['bytes']:.2f}×",
+            f"new vs old (medians): encode {new['encode_median_ms'] / ref['encode_median_ms']:.2f}x, "
+            f"decode {new['decode_median_ms'] / ref['decode_median_ms']:.2f}x, "
+            f"encode+decode {new['total_median_ms'] / ref['total_median_ms']:.2f}x, "
+            f"bytes {new['bytes'] / ref['bytes']:.2f}x",
         ]
     return "\n".join(lines)
+
+
+def image_variants(count: int, side: int) -> dict[str, tuple[Callable[[], Any], Callable[[], Any], int]]:
+    """A named column of ``count`` RGB images ``side`` x ``side``: the new codec (raw pixels) vs pickle."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)) for _ in range(count)]
+    cols = [new_codec.Column("image", new_codec.C_LIST, images)]
+    frame = bytes(new_codec.encode_frame(cols, count))
+    back = new_codec.decode_frame(frame)[1][0].values
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(images, back, strict=True))
+    pick = pickle.dumps(images, protocol=5)
+    return {
+        "new": ((lambda: new_codec.encode_frame(cols, count)), (lambda: new_codec.decode_frame(frame)), len(frame)),
+        "pickle": ((lambda: pickle.dumps(images, protocol=5)), (lambda: pickle.loads(pick)), len(pick)),
+    }
 
 
 def main() -> None:
@@ -163,6 +186,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--ref", default="main", help="git ref of the codec to compare against ('' for none)")
     ap.add_argument("--columns", action="store_true", help="also measure each column on its own")
+    ap.add_argument("--images", type=int, default=0, metavar="N", help="also N 448x448 RGB PIL images (a column)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args()
     old = load_codec_at(args.ref) if args.ref else None
@@ -177,6 +201,15 @@ def main() -> None:
             results[f"{payload}/{what}"] = res
             print(table(f"{payload}: {what} ({len(next(iter(b.values())))} rows, {args.rounds} rounds)", res))
             print(flush=True)
+    if args.images:
+        res = measure(image_variants(args.images, 448), args.rounds)
+        results["images"] = res
+        print(table(f"images: {args.images} RGB 448x448 PIL images ({args.rounds} rounds)", res))
+        per = {v: (r["encode_median_ms"] / args.images, r["decode_median_ms"] / args.images) for v, r in res.items()}
+        print(
+            "\nper image (medians): "
+            + ", ".join(f"{v} encode {e:.3f} ms / decode {d:.3f} ms" for v, (e, d) in per.items())
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -225,6 +225,7 @@ def is_image_column(values: Any, container: int) -> bool:
         return False
     return seen
 
+
 # marshal (format version 2, no back-references) writes a list as b"[" + u32 count and an int of the
 # int32 range as b"i" + i32: a list of lists of such ints is a run of 5-byte records.
 _M_LIST, _M_INT = ord("["), ord("i")
@@ -985,6 +986,7 @@ def _rows(r: _Reader, n: int) -> tuple[np.ndarray, list[int]]:
 
 def _decode_column_body(r: _Reader, enc: int, end: int) -> Any:
     if enc in (E_TENSOR, E_ARRAY, E_OBJARRAY):
+        column: np.ndarray | torch.Tensor
         if enc == E_OBJARRAY:
             column = _decode_objarray(r, 0)
         else:

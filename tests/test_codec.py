@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import array
 import collections
-import enum
 import math
 import pickle
 import struct
@@ -436,7 +435,8 @@ def test_integers_travel_in_the_narrowest_dtype_that_holds_them(values: list[int
 
 def test_an_empty_token_id_array_is_the_narrowest() -> None:
     code, narrow = _narrow(np.zeros(0, dtype=np.int64))
-    assert _INT_DTYPES[code] == np.dtype("|u1") and narrow.size == 0
+    assert _INT_DTYPES[code] == np.dtype("|u1")
+    assert narrow.size == 0
 
 
 def test_token_id_frames_are_about_as_small_as_pickle() -> None:
@@ -529,7 +529,8 @@ def test_deque_range_and_array_arguments_are_synced_as_lists(mode: str) -> None:
 
     results = _on_threads(2, body)
     assert results == [("ok", [0.0, 2.0]), ("ok", [12.0, 14.0])]
-    assert seen and all(s == ("list", "list", "list") for s in seen)
+    assert seen
+    assert all(s == ("list", "list", "list") for s in seen)
     if mode != "shard":
         assert len(seen) == (1 if mode == "main" else 2)
 
@@ -584,7 +585,8 @@ def test_2d_object_array_column_keeps_its_shape_and_concatenates() -> None:
     assert enc == E_OBJARRAY
     assert same(col.values, peer)
     both = concat("pairs", [local, col.values], C_NDARRAY)
-    assert both.shape == (5, 2) and both.dtype == object
+    assert both.shape == (5, 2)
+    assert both.dtype == object
     assert both.tolist() == [["a", "x"], ["b", "y"], ["c", None], ["d", "z"], ["e", "w"]]
     assert take(both, C_NDARRAY, [4, 0]).tolist() == [["e", "w"], ["a", "x"]]
     assert is_plain(peer, C_NDARRAY)
@@ -595,7 +597,8 @@ def test_1d_object_array_column_of_sequences_concatenates() -> None:
     local = np.fromiter([[1, 2], [3, 4]], dtype=object, count=2)
     _, col = frame_roundtrip(local, C_NDARRAY)
     both = concat("c", [local, col.values], C_NDARRAY)
-    assert both.shape == (4,) and both.tolist() == [[1, 2], [3, 4], [1, 2], [3, 4]]
+    assert both.shape == (4,)
+    assert both.tolist() == [[1, 2], [3, 4], [1, 2], [3, 4]]
 
 
 # --------------------------------------------------------------------------------------------- names, surrogates
@@ -704,7 +707,9 @@ def test_image_columns_travel_when_named_and_are_left_behind_in_kwargs() -> None
     frame = encode_frame([Column("image", C_LIST, column)], 3)
     _, cols, _ = decode_frame(bytes(frame))
     back = cols[0].values
-    assert same_image(back[0], ims[0]) and back[1] is None and all(map(same_image, back[2], ims[1:]))
+    assert same_image(back[0], ims[0])
+    assert back[1] is None
+    assert all(map(same_image, back[2], ims[1:]))
     dropped: list[str] = []
     encode_frame([Column("image", C_LIST, column)], 3, droppable=frozenset({"image"}), dropped=dropped)
     assert dropped == ["image"]
@@ -722,7 +727,8 @@ def test_unsupported_image_modes_are_refused_clearly() -> None:
     with pytest.raises(UnsupportedTypeError, match=r"column 'image'.*mode 'I;16N'"):
         encode_frame([Column("image", C_LIST, [im])], 1)
     back = roundtrip([im], allow_pickle=True)  # the opt-in pickles it instead
-    assert back[0].mode == "I;16N" and back[0].tobytes() == im.tobytes()
+    assert back[0].mode == "I;16N"
+    assert back[0].tobytes() == im.tobytes()
 
 
 def test_images_are_refused_by_a_rank_without_pillow(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,8 +17,8 @@ import subprocess
 import sys
 import textwrap
 import time
-import warnings
 import tracemalloc
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -382,7 +382,11 @@ def absurd_payloads() -> list[tuple[str, Callable[[bytes], Any], bytes]]:
             decode_frame,
             _frame(1, 2**63, b"a", C_LIST, E_GENERIC, 16, _u64(2**63) + b"\x00" * 8),
         ),
-        ("str column of 2**60 rows", decode_frame, _frame(1, 2**60, b"a", C_LIST, E_STR, 24, _u64(2**60) + _ints(3, [5]))),
+        (
+            "str column of 2**60 rows",
+            decode_frame,
+            _frame(1, 2**60, b"a", C_LIST, E_STR, 24, _u64(2**60) + _ints(3, [5])),
+        ),
         (
             "str column, row of 2**62 bytes",
             decode_frame,
@@ -433,7 +437,11 @@ def absurd_payloads() -> list[tuple[str, Callable[[bytes], Any], bytes]]:
         ("palette of 2**32-1 bytes", decode_value, palette_head + b"\x03RGB" + struct.pack("<I", 2**32 - 1) + b"x"),
         ("palette of 1025 bytes", decode_value, palette_head + b"\x03RGB" + struct.pack("<I", 1025) + b"x" * 1100),
         ("palette mode CMYK", decode_value, palette_head + b"\x04CMYK" + struct.pack("<I", 4) + b"x" * 4),
-        ("image transparency a list", decode_value, palette_head + b"\x00" + bytes([T_LIST]) + _u64(0) + _u64(1) + b"x"),
+        (
+            "image transparency a list",
+            decode_value,
+            palette_head + b"\x00" + bytes([T_LIST]) + _u64(0) + _u64(1) + b"x",
+        ),
     ]
     return cases
 
@@ -783,7 +791,7 @@ def test_int_list_columns_round_trip_exactly(rows: list[list[Any]], inserts: lis
     pure = all(type(x) is int and -(2**63) <= x < 2**63 for row in rows for x in row)
     for container, column in ((C_LIST, rows), (C_TUPLE, tuple(rows))):
         if any(isinstance(x, (_Color, _IntSub)) for row in rows for x in row):  # int subclasses: refused, not cast
-            with pytest.raises(UnsupportedTypeError, match="_Color|_IntSub"):
+            with pytest.raises(UnsupportedTypeError, match=r"_Color|_IntSub"):
                 encode_frame([Column("ids", container, column)], len(rows))
             continue
         frame = encode_frame([Column("ids", container, column)], len(rows))
@@ -800,5 +808,5 @@ def test_encoding_an_object_whose_class_lookup_raises() -> None:
     for allow_pickle in (False, True):
         assert not only_unsupported(lambda a=allow_pickle: encode_value([_LyingClass()], bytearray(), allow_pickle=a))
         col = Column("c", C_LIST, [_LyingClass()])
-        assert not only_unsupported(lambda a=allow_pickle: encode_frame([col], 1, allow_pickle=a))
+        assert not only_unsupported(lambda a=allow_pickle, c=col: encode_frame([c], 1, allow_pickle=a))
     assert not is_plain([_LyingClass()], C_LIST)
