@@ -229,6 +229,8 @@ def is_image_column(values: Any, container: int) -> bool:
 # marshal (format version 2, no back-references) writes a list as b"[" + u32 count and an int of the
 # int32 range as b"i" + i32: a list of lists of such ints is a run of 5-byte records.
 _M_LIST, _M_INT = ord("["), ord("i")
+# (checked once: an interpreter whose marshal writes otherwise takes the slower, equally exact path)
+_MARSHAL_RECORDS = marshal.dumps([[1, -2], [True]], 2) == b"[\2\0\0\0[\2\0\0\0i\1\0\0\0i\xfe\xff\xff\xff[\1\0\0\0T"
 
 
 def container_of(value: object) -> int | None:
@@ -259,8 +261,8 @@ def _type_name(obj: object) -> str:
 def _unsupported(obj: object) -> UnsupportedTypeError:
     if _is_image(obj):
         return UnsupportedTypeError(
-            "PIL images travel without pickle only in columns the function names (or lists them in include=[...]); "
-            "a **kwargs image column is left behind unless named."
+            "PIL images travel without pickle only in columns the function names (or that include=[...] lists); "
+            "a **kwargs image column is left behind."
         )
     if isinstance(obj, np.ma.MaskedArray):
         return UnsupportedTypeError(
@@ -270,7 +272,8 @@ def _unsupported(obj: object) -> UnsupportedTypeError:
         )
     return UnsupportedTypeError(
         f"cannot send a {_type_name(obj)} between ranks: syncreward's wire format carries plain data only "
-        "(str, bytes, int, float, bool, None, list, tuple, dict, numpy arrays/scalars, torch tensors). "
+        "(str, bytes, int, float, bool, None, list, tuple, dict, numpy arrays/scalars, torch tensors, "
+        "and PIL images in named columns). "
         "HINT: pass exclude=[<column>] if the function does not need this column, convert it to plain data, "
         "or pass allow_pickle=True (pickle runs code when decoded: trusted clusters only)."
     )
@@ -545,7 +548,7 @@ def _intlists(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:
     first = next((row[0] for row in rows if row), 0)
     if type(first) is not int:  # e.g. lists of str: not worth a marshal pass
         return None
-    got = _intlists_marshal(rows, n)
+    got = _intlists_marshal(rows, n) if _MARSHAL_RECORDS else None
     if got is not None:
         return got
     if not set(map(type, chain.from_iterable(rows))) <= {int}:

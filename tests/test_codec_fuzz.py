@@ -37,6 +37,7 @@ except ImportError:  # pillow is a test extra; the image cases are skipped witho
     Image = None
 
 from syncreward import CodecError, SyncRewardError, UnsupportedTypeError
+from syncreward import _codec as codec
 from syncreward._codec import (
     C_LIST,
     C_NDARRAY,
@@ -802,6 +803,12 @@ def test_int_list_columns_round_trip_exactly(rows: list[list[Any]], inserts: lis
         flat = [x for row in rows for x in row]
         if pure and flat:
             assert len(body) <= 8 + 16 + 8 * len(rows) + 8 + 8 * len(flat)
+        # the path that does not use marshal's records writes the very same bytes
+        codec._MARSHAL_RECORDS = False
+        try:
+            assert encode_frame([Column("ids", container, column)], len(rows)) == frame
+        finally:
+            codec._MARSHAL_RECORDS = True
 
 
 def test_encoding_an_object_whose_class_lookup_raises() -> None:
