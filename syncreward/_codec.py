@@ -973,6 +973,9 @@ def decode_value(buf: bytes | bytearray | memoryview, allow_pickle: bool = False
     return value
 
 
+# Strings at least this long on average are decoded one by one (one copy); shorter ones as one blob that
+# is then sliced (fewer calls, but two copies).
+_ROW_DECODE_MIN = 64
 # Rows at least this long on average are made one ``tolist()`` each; shorter ones are sliced out of one
 # list of the whole column (a numpy call per row costs more than slicing a short list).
 _ROW_TOLIST_MIN = 48
@@ -1016,11 +1019,11 @@ def _decode_column_body(r: _Reader, enc: int, end: int) -> Any:
         r.align8()
         raw = r.take(offsets[-1])
         try:
-            text = str(raw, "utf-8", "surrogatepass")
-            if len(text) == len(raw):  # all ASCII (any other character takes 2-4 bytes): byte offsets are indices
-                return [text[a:b] for a, b in pairwise(offsets)]
-            blob = bytes(raw)
-            return [blob[a:b].decode("utf-8", "surrogatepass") for a, b in pairwise(offsets)]
+            if len(raw) < _ROW_DECODE_MIN * n:  # short strings: one decode, then slices if all ASCII
+                text = str(raw, "utf-8", "surrogatepass")
+                if len(text) == len(raw):  # all ASCII (any other character takes 2-4 bytes): offsets are indices
+                    return [text[a:b] for a, b in pairwise(offsets)]
+            return [str(raw[a:b], "utf-8", "surrogatepass") for a, b in pairwise(offsets)]
         except UnicodeDecodeError as e:
             raise CodecError(f"corrupt payload: invalid UTF-8 ({e})") from None
     if enc == E_INTLISTS:
