@@ -892,41 +892,72 @@ def _decode_image(r: _Reader) -> Any:
     return im
 
 
+_SIZED_TAGS = frozenset({T_STR, T_BYTES, T_LIST, T_TUPLE, T_DICT, T_BIGINT, T_PICKLE})
+
+
+def _truncated(r: _Reader, pos: int, n: int) -> CodecError:
+    return CodecError(
+        f"truncated or corrupt payload: {n} bytes declared at offset {pos}, {max(r.end - pos, 0)} available"
+    )
+
+
 def _decode(r: _Reader, depth: int) -> Any:
+    # The common tags read the buffer in place (no method calls, no slices): this is the generic path's
+    # inner loop. Every read is bounds-checked against r.end first.
     if depth > MAX_DEPTH:
         raise CodecError(f"corrupt payload: nested deeper than {MAX_DEPTH} levels")
-    tag = r.u8()
-    if tag == T_STR:
-        try:
-            return bytes(r.take(r.u64())).decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError as e:
-            raise CodecError(f"corrupt payload: invalid UTF-8 ({e})") from None
-    if tag == T_FLOAT:
-        return _F64.unpack(r.take(8))[0]
-    if tag == T_INT:
-        return _I64.unpack(r.take(8))[0]
-    if tag == T_NONE:
-        return None
-    if tag == T_TRUE:
-        return True
-    if tag == T_FALSE:
-        return False
-    if tag in (T_LIST, T_TUPLE):
-        n = r.count(r.u64(), 1)
-        items = [_decode(r, depth + 1) for _ in range(n)]
-        return items if tag == T_LIST else tuple(items)
-    if tag == T_DICT:
-        n = r.count(r.u64(), 2)
-        d: dict[Any, Any] = {}
-        for _ in range(n):
-            k = _decode(r, depth + 1)
+    buf, pos, end = r.buf, r.pos, r.end
+    if pos >= end:
+        raise _truncated(r, pos, 1)
+    tag = buf[pos]
+    pos += 1
+    if tag in _SIZED_TAGS:
+        if pos + 8 > end:
+            raise _truncated(r, pos, 8)
+        n = _U64.unpack_from(buf, pos)[0]
+        pos += 8
+        if tag == T_STR or tag == T_BYTES:
+            if n > end - pos:
+                raise _truncated(r, pos, n)
+            r.pos = pos + n
+            if tag == T_BYTES:
+                return bytes(buf[pos : pos + n])
             try:
-                d[k] = _decode(r, depth + 1)
-            except TypeError:
-                raise CodecError("corrupt payload: unhashable dict key") from None
-        return d
-    if tag == T_BYTES:
-        return bytes(r.take(r.u64()))
+                return str(buf[pos : pos + n], "utf-8", "surrogatepass")
+            except UnicodeDecodeError as e:
+                raise CodecError(f"corrupt payload: invalid UTF-8 ({e})") from None
+        r.pos = pos
+        if tag == T_DICT:
+            if 2 * n > end - pos:
+                raise CodecError(f"corrupt payload: {n} items declared but only {end - pos} bytes left")
+            d: dict[Any, Any] = {}
+            for _ in range(n):
+                k = _decode(r, depth + 1)
+                v = _decode(r, depth + 1)
+                try:
+                    d[k] = v
+                except TypeError:
+                    raise CodecError("corrupt payload: unhashable dict key") from None
+            return d
+        if tag == T_LIST or tag == T_TUPLE:
+            if n > end - pos:
+                raise CodecError(f"corrupt payload: {n} items declared but only {end - pos} bytes left")
+            items = [_decode(r, depth + 1) for _ in range(n)]
+            return items if tag == T_LIST else tuple(items)
+        r.pos = pos - 8  # T_BIGINT, T_PICKLE: below, with their length
+    elif tag == T_INT or tag == T_FLOAT:
+        if pos + 8 > end:
+            raise _truncated(r, pos, 8)
+        r.pos = pos + 8
+        return (_I64 if tag == T_INT else _F64).unpack_from(buf, pos)[0]
+    elif tag == T_NONE:
+        r.pos = pos
+        return None
+    elif tag == T_TRUE or tag == T_FALSE:
+        r.pos = pos
+        return tag == T_TRUE
+    else:
+        r.pos = pos
     if tag == T_BIGINT:
         text = bytes(r.take(r.u64()))
         if not re.fullmatch(rb"-?[0-9]{1,%d}" % _MAX_BIGINT_DIGITS, text):
