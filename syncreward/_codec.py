@@ -916,7 +916,7 @@ def _decode(r: _Reader, depth: int) -> Any:
             raise _truncated(r, pos, 8)
         n = _U64.unpack_from(buf, pos)[0]
         pos += 8
-        if tag == T_STR or tag == T_BYTES:
+        if tag in (T_STR, T_BYTES):
             if n > end - pos:
                 raise _truncated(r, pos, n)
             r.pos = pos + n
@@ -939,13 +939,13 @@ def _decode(r: _Reader, depth: int) -> Any:
                 except TypeError:
                     raise CodecError("corrupt payload: unhashable dict key") from None
             return d
-        if tag == T_LIST or tag == T_TUPLE:
+        if tag in (T_LIST, T_TUPLE):
             if n > end - pos:
                 raise CodecError(f"corrupt payload: {n} items declared but only {end - pos} bytes left")
             items = [_decode(r, depth + 1) for _ in range(n)]
             return items if tag == T_LIST else tuple(items)
         r.pos = pos - 8  # T_BIGINT, T_PICKLE: below, with their length
-    elif tag == T_INT or tag == T_FLOAT:
+    elif tag in (T_INT, T_FLOAT):
         if pos + 8 > end:
             raise _truncated(r, pos, 8)
         r.pos = pos + 8
@@ -953,7 +953,7 @@ def _decode(r: _Reader, depth: int) -> Any:
     elif tag == T_NONE:
         r.pos = pos
         return None
-    elif tag == T_TRUE or tag == T_FALSE:
+    elif tag in (T_TRUE, T_FALSE):
         r.pos = pos
         return tag == T_TRUE
     else:
