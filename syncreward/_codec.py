@@ -115,6 +115,11 @@ _TAG_INT = struct.Struct("<Bq")
 _TAG_FLOAT = struct.Struct("<Bd")
 _TAG_LEN = struct.Struct("<BQ")
 
+# Row lengths of a token-id column take at least 4 bytes (uint32): each row decodes to a new list object
+# (56 bytes), and narrower lengths would let a small hostile frame build 64x its size in empty lists. With
+# this, what any frame decodes to stays within about 20x its bytes (e.g. uint16 ids: 2 bytes -> a 32-byte
+# int and an 8-byte pointer).
+_ROW_LENGTH_MIN_CODE = 2
 # Integer dtypes of the narrow integer encodings, by code. Codes 0-3 are unsigned (the only ones allowed
 # for lengths).
 _INT_DTYPES = tuple(np.dtype(d) for d in ("|u1", "<u2", "<u4", "<u8", "|i1", "<i2", "<i4", "<i8"))
@@ -560,9 +565,11 @@ def _intlists(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:
     return np.fromiter(map(len, rows), dtype=np.int64, count=n), flat
 
 
-def _encode_ints(a: np.ndarray, out: bytearray) -> None:
-    """Append the dtype code, padding and the values of ``a`` in its narrowest dtype."""
+def _encode_ints(a: np.ndarray, out: bytearray, min_code: int = 0) -> None:
+    """Append the dtype code, padding and the values of ``a`` in its narrowest dtype (at least ``min_code``)."""
     code, narrow = _narrow(a)
+    if code < min_code:
+        code, narrow = min_code, a.astype(_INT_DTYPES[min_code])
     out += _U8.pack(code)
     _pad8(out)
     out += _raw(narrow)
@@ -620,7 +627,7 @@ def _encode_column_body(values: Any, container: int, out: bytearray, level: int)
         if t is list and (got := _intlists(values if type(values) is list else list(values), n)) is not None:
             lengths, flat = got
             out += _U64.pack(n)
-            _encode_ints(lengths, out)
+            _encode_ints(lengths, out, _ROW_LENGTH_MIN_CODE)
             _encode_ints(flat, out)
             return E_INTLISTS
     out += _U64.pack(n)
@@ -812,10 +819,10 @@ class _Reader:
             raise CodecError(f"truncated or corrupt payload: array of {nbytes} bytes declared")
         return dtype, shape, nbytes
 
-    def ints(self, n: int, unsigned: bool = False) -> np.ndarray:
+    def ints(self, n: int, unsigned: bool = False, min_code: int = 0) -> np.ndarray:
         """``n`` integers of a narrow integer encoding (dtype code, padding, values): a read-only view."""
         code = self.u8()
-        if code >= (4 if unsigned else len(_INT_DTYPES)):
+        if not min_code <= code < (4 if unsigned else len(_INT_DTYPES)):
             raise CodecError(f"corrupt payload: integer dtype code {code}")
         dtype = _INT_DTYPES[code]
         self.align8()
@@ -1012,9 +1019,9 @@ _ROW_DECODE_MIN = 64
 _ROW_TOLIST_MIN = 48
 
 
-def _rows(r: _Reader, n: int) -> tuple[np.ndarray, list[int]]:
+def _rows(r: _Reader, n: int, min_code: int = 0) -> tuple[np.ndarray, list[int]]:
     """Row lengths (validated) and their offsets, of an E_STR or E_INTLISTS body."""
-    lengths = r.ints(n, unsigned=True)
+    lengths = r.ints(n, unsigned=True, min_code=min_code)
     if n and int(lengths.max()) > r.end - r.pos:
         raise CodecError("corrupt payload: row length out of range")
     offsets = [0, *np.cumsum(lengths, dtype=np.int64).tolist()]
@@ -1058,7 +1065,7 @@ def _decode_column_body(r: _Reader, enc: int, end: int) -> Any:
         except UnicodeDecodeError as e:
             raise CodecError(f"corrupt payload: invalid UTF-8 ({e})") from None
     if enc == E_INTLISTS:
-        _, offsets = _rows(r, n)
+        _, offsets = _rows(r, n, _ROW_LENGTH_MIN_CODE)
         flat = r.ints(offsets[-1])
         if n and offsets[-1] >= _ROW_TOLIST_MIN * n:
             return [flat[a:b].tolist() for a, b in pairwise(offsets)]

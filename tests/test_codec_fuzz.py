@@ -414,6 +414,19 @@ def absurd_payloads() -> list[tuple[str, Callable[[bytes], Any], bytes]]:
             _frame(1, 2, b"a", C_LIST, E_INTLISTS, 48, _u64(2) + _ints(7, [-1, 2]) + _ints(0, [1, 2])),
         ),
         (
+            "token ids, 2**16 empty rows with uint8 lengths",
+            decode_frame,
+            _frame(
+                1,
+                2**16,
+                b"a",
+                C_LIST,
+                E_INTLISTS,
+                8 + 8 + 2**16 + 8,
+                _u64(2**16) + _ints(0, [0] * 2**16) + _ints(0, []),
+            ),
+        ),
+        (
             "ints of an unknown dtype code",
             decode_frame,
             _frame(1, 1, b"a", C_LIST, E_INT, 24, _u64(1) + _ints(8, [0])),
