@@ -17,13 +17,14 @@ list of float / bool       one raw float64 / bool array
 list of int                one integer array of the narrowest dtype that holds every value
 list of lists of ints      row lengths + one flat integer array of the narrowest dtype (token ids)
 numpy array / tensor       dtype, shape, raw bytes of the whole column
+PIL image (a value)        mode, size, palette, raw pixels (``Image.tobytes()``); named columns only
 object array, 2-D or more  its shape and one tagged value per element
 anything else              one tagged value per sample
 =========================  ==================================================================
 
 "Narrowest dtype" is chosen from the minimum and maximum: token ids of a 150k vocabulary travel as
-uint32, ids of a 32k vocabulary as uint16, lengths as uint8/uint16 -- frames are about as small as
-pickle's. The token-id path converts the rows with one ``marshal.dumps`` (a single C pass that keeps
+uint32, ids of a 32k vocabulary as uint16, string lengths as uint8/uint16 -- frames are about as small
+as pickle's. The token-id path converts the rows with one ``marshal.dumps`` (a single C pass that keeps
 exact types: a ``bool`` or a numpy integer is not an ``int`` to it) whose fixed 5-byte records numpy
 checks and gathers; it only ever *writes* marshal data, the decoder never reads any.
 
@@ -35,8 +36,9 @@ frame padded to a multiple of 8 bytes so frames can be concatenated)::
     u8 has_meta [generic value]  pad8
 
 The decoder checks every declared size against the bytes that are actually there before it allocates
-anything, bounds nesting depth, and only accepts an allowlist of dtypes, so truncated, corrupted or
-hostile buffers produce a :class:`~syncreward.CodecError`, never a crash, a hang or a huge allocation.
+anything, bounds nesting depth, and only accepts an allowlist of dtypes and image modes, so truncated,
+corrupted or hostile buffers produce a :class:`~syncreward.CodecError`, never a crash, a hang or a huge
+allocation: what a frame decodes to is proportional to the bytes it holds, never to a declared size.
 Encoding raises only :class:`~syncreward.UnsupportedTypeError` (a ``SyncRewardError``) for values it
 cannot carry, whatever they are.
 """
@@ -116,9 +118,8 @@ _TAG_FLOAT = struct.Struct("<Bd")
 _TAG_LEN = struct.Struct("<BQ")
 
 # Row lengths of a token-id column take at least 4 bytes (uint32): each row decodes to a new list object
-# (56 bytes), and narrower lengths would let a small hostile frame build 64x its size in empty lists. With
-# this, what any frame decodes to stays within about 20x its bytes (e.g. uint16 ids: 2 bytes -> a 32-byte
-# int and an 8-byte pointer).
+# (56 bytes), and narrower lengths would let a hostile frame build 64x its size in empty lists. With this,
+# the fast paths decode to at most about 20x their bytes (uint16 ids: 2 bytes -> a 32-byte int + a pointer).
 _ROW_LENGTH_MIN_CODE = 2
 # Integer dtypes of the narrow integer encodings, by code. Codes 0-3 are unsigned (the only ones allowed
 # for lengths).
