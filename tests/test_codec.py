@@ -595,6 +595,27 @@ def test_2d_object_array_column_keeps_its_shape_and_concatenates() -> None:
     assert not is_plain(np.array([[object()]], dtype=object), C_NDARRAY)
 
 
+@pytest.mark.parametrize("mode", ["main", "replicate"])
+def test_2d_object_array_argument_is_synced_with_its_shape(mode: str) -> None:
+    seen: list[Any] = []
+
+    def reward(completions: Any, pairs: Any) -> list[float]:
+        seen.append(pairs)
+        return [float(len(a) + len(b)) for a, b in pairs]
+
+    def body(rank: int, backend: Any) -> Any:
+        fn = synced_reward(mode=mode, backend=backend, timeout=10)(reward)
+        pairs = np.array([[f"a{rank}", "xy"], [f"b{rank}", "xyz"]], dtype=object)
+        return fn(["c", "d"], pairs)
+
+    results = _on_threads(2, body)
+    assert results == [("ok", [4.0, 5.0]), ("ok", [4.0, 5.0])]
+    for pairs in seen:
+        assert pairs.shape == (4, 2)
+        assert pairs.dtype == object
+        assert pairs[:, 0].tolist() == ["a0", "b0", "a1", "b1"]
+
+
 def test_1d_object_array_column_of_sequences_concatenates() -> None:
     local = np.fromiter([[1, 2], [3, 4]], dtype=object, count=2)
     _, col = frame_roundtrip(local, C_NDARRAY)
