@@ -19,8 +19,9 @@ class Backend(Protocol):
     interleave with operations on the other), which lets concurrent ``async`` synced calls overlap.
 
     An implementation raises :class:`~syncreward.SyncTimeoutError` when the others do not arrive within
-    ``timeout`` seconds, :class:`~syncreward.CommunicationError` when the transport fails, and
-    :class:`~syncreward.GroupBrokenError` for every call after such a failure.
+    ``timeout`` seconds and :class:`~syncreward.CommunicationError` when the transport fails. It need not
+    remember failures: syncreward stops using a backend after any such error (every later call raises
+    :class:`~syncreward.GroupBrokenError` without touching it).
 
     Example:
         A third-party backend needs no base class::
