@@ -179,7 +179,7 @@ def soak_body(rank: int, world_size: int, calls: int, warmup: int, sample_every:
         "before": before,
         "after": after,
         "growth": {k: after[k] - before[k] for k in before},
-        "pool_max_workers": sys.modules["syncreward._decorator"]._EXECUTOR._max_workers,
+        "pool_max_workers": sys.modules["syncreward._session"]._POOL._max_workers,
         "rss_samples_mb": samples,
     }
 

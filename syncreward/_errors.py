@@ -69,6 +69,10 @@ class RemoteError(SyncRewardError):
             f"--- traceback on rank {origin_rank} ---\n{remote_traceback.rstrip()}\n--- end of remote traceback ---"
         )
 
+    def __reduce__(self) -> tuple[object, ...]:  # pickled by Ray, multiprocessing: rebuild from the fields
+        fields = (self.origin_rank, self.exc_type, self.exc_message, self.remote_traceback)
+        return (_rebuild_remote_error, (*fields, self.function), self.__dict__)
+
 
 class MismatchError(SyncRewardError):
     """Ranks made different synced calls at the same point (different function, columns, mode or order)."""
@@ -115,6 +119,15 @@ class SyncTimeoutError(CommunicationError, TimeoutError):
     def __init__(self, message: str, missing_ranks: Sequence[int] = ()) -> None:
         self.missing_ranks = tuple(missing_ranks)
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (*self.args[:1], self.missing_ranks), self.__dict__)
+
+
+def _rebuild_remote_error(
+    origin_rank: int, exc_type: str, exc_message: str, remote_traceback: str, function: str
+) -> RemoteError:
+    return RemoteError(origin_rank, exc_type, exc_message, remote_traceback, function=function)
 
 
 class GroupBrokenError(CommunicationError):

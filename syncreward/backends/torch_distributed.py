@@ -213,8 +213,8 @@ class TorchDistributedBackend:
         group = self._channel(channel, timeout)
         if time.monotonic() - self._last_done > timeout / 2 and self._check_peers(what):
             # the others gave up on this rank while it was away: raise with them, never complete the exchange
-            raise SyncTimeoutError(
-                f"syncreward {what} on rank {self._rank}: the other ranks gave up waiting for this rank "
+            raise CommunicationError(
+                f"syncreward {what} on rank {self._rank}: the other ranks timed out waiting for this rank "
                 f"({self._peer_abort()}) before it arrived. HINT: this rank was busy for longer than timeout= "
                 f"({timeout:.1f}s), e.g. a slow reward or work between synced calls; raise timeout=. The group is now "
                 "unusable."
