@@ -90,7 +90,7 @@ def test_include_exclude_shared_string_is_one_name() -> None:
 
 
 @pytest.mark.parametrize("kind", ["deque", "array", "range"])
-def test_sequence_column_types_are_per_sample(kind: str) -> None:
+def test_deque_array_range_columns_are_per_sample(kind: str) -> None:
     """A named column passed as a deque, an array.array or a range with one entry per sample is gathered."""
     seen: list[Any] = []
 
