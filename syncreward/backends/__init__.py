@@ -3,7 +3,8 @@
 ``backend="auto"`` (the default) resolves *at call time*, in this order:
 
 1. an explicit backend object or name passed to ``synced_reward`` (``"local"``, ``"torch"``,
-   ``"accelerate"``, ``"ray"``);
+   ``"accelerate"``, ``"ray"``); else, inside :func:`syncreward.testing.run_threads`, the thread-rank's
+   own backend;
 2. ``"ray"`` if this process joined exactly one Ray group with ``syncreward.backends.ray.join()``.
    Being inside a Ray actor is never enough on its own (the group, rank and size are unknown until
    ``join()``); and if ``torch.distributed`` (or accelerate) is *also* initialised -- e.g. under Ray
@@ -21,6 +22,7 @@ import atexit
 import os
 import sys
 import threading
+from contextvars import ContextVar
 from typing import Any
 
 from .._errors import BackendError
@@ -30,6 +32,8 @@ from .local import LocalBackend
 __all__ = ["Backend", "LocalBackend", "resolve_backend"]
 
 _LOCAL = LocalBackend()
+# set by syncreward.testing.run_threads: the thread-rank's backend, which "auto" resolves to first
+_context_backend: ContextVar[Backend | None] = ContextVar("syncreward_context_backend", default=None)
 _cache: dict[tuple[str, int, int], Any] = {}
 _keepalive: dict[tuple[str, int, int], Any] = {}
 
@@ -142,6 +146,9 @@ def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
             raise BackendError(f"backend={spec!r} is neither a backend name nor an object with the Backend protocol")
         return spec
     if spec == "auto":
+        override = _context_backend.get()
+        if override is not None:
+            return override
         ray_groups = _ray_joined() if process_group is None else []
         if process_group is not None:
             spec = "torch"
