@@ -268,7 +268,7 @@ class Predictor:
 
 # --------------------------------------------------------------------------------------------- results
 
-_CHUNK = struct.Struct("<BBxxIQ")  # status, overflow round follows, next per-sample capacity, body bytes
+_CHUNK = struct.Struct("<BBxxIQqq")  # status, overflow follows, next per-sample capacity, body bytes, fp, seq
 BASE_CAPACITY = 240
 DEFAULT_PER_SAMPLE = 16
 MAX_PER_SAMPLE = 1 << 20
@@ -286,18 +286,20 @@ class ResultChunk:
     overflow: bool
     next_per_sample: int
     body_bytes: int
+    fp: int  # the call these results belong to: the receiver checks it is making the same call
+    seq: int
 
     HEADER = _CHUNK.size
 
     def pack(self, body: bytes | bytearray, capacity: int) -> bytes:
-        first = bytes(body[: capacity - self.HEADER])
-        chunk = _CHUNK.pack(self.status, self.overflow, self.next_per_sample, self.body_bytes) + first
+        head = _CHUNK.pack(self.status, self.overflow, self.next_per_sample, self.body_bytes, self.fp, self.seq)
+        chunk = head + bytes(body[: capacity - self.HEADER])
         return chunk + bytes(capacity - len(chunk))
 
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> ResultChunk:
-        status, overflow, per_sample, size = _CHUNK.unpack_from(buf)
-        return cls(status, bool(overflow), per_sample, size)
+        status, overflow, per_sample, size, fp, seq = _CHUNK.unpack_from(buf)
+        return cls(status, bool(overflow), per_sample, size, fp, seq)
 
 
 def result_capacity(per_sample: int, n: int) -> int:

@@ -178,7 +178,7 @@ def test_prediction_memory_is_bounded() -> None:
 
 def test_result_chunk_round_trip_and_padding() -> None:
     cap = result_capacity(16, 4)
-    chunk = ResultChunk(OK, False, 24, 10)
+    chunk = ResultChunk(OK, False, 24, 10, fp=-5, seq=3)
     packed = chunk.pack(b"0123456789", cap)
     assert len(packed) == cap
     assert ResultChunk.unpack(packed) == chunk

@@ -16,7 +16,7 @@ exception that escapes a hook is a transport failure and breaks the session.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,11 +26,12 @@ from .._batch import concat
 from .._binding import Binder, Bound
 from .._codec import C_TENSOR, CONTAINERS, decode_frame, encode_frame
 from .._errors import CodecError, MismatchError
+from .._exchange import Inbound, exchange_inbound
 from .._logs import Logs
 from .._session import Raise, Session
 from .._wire import FAILED, NO_STEP, OK, drop_mask, error_blob, fingerprint, pack_header
 
-__all__ = ["Call", "Mode", "Scoring", "Spec"]
+__all__ = ["Call", "GatherMode", "Mode", "Scoring", "Spec"]
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ class Scoring:
     error: BaseException | None = None  # preparing the scoring inputs failed here: travels as the result
     logs: Logs | None = None
     state: Any = None  # the mode's own data for outbound()
+    values: dict[str, Any] | None = None  # the global columns this rank scores (gathering modes)
 
 
 class Mode:
@@ -192,7 +194,69 @@ class Mode:
     def outbound(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
         raise NotImplementedError
 
-    @staticmethod
-    def set_inputs(call: Call, scoring: Scoring, values: dict[str, Any], proxies: dict[str, Any]) -> None:
+
+class GatherMode(Mode):
+    """A mode whose scoring ranks get the whole batch (``main``, ``replicate``): one gather, then score.
+
+    Subclasses say where payloads go (:meth:`dests`), who scores (:meth:`scores_here`) and what
+    ``log_extra``/``log_metric`` become (:meth:`proxies`). :meth:`scoring_for` builds a rank's scoring
+    inputs from the global columns -- freshly gathered, or kept from an earlier call of a reward group.
+    """
+
+    def dests(self, src: int, world_size: int) -> Sequence[int]:
+        raise NotImplementedError
+
+    def scores_here(self, call: Call) -> bool:
+        raise NotImplementedError
+
+    def proxies(self, call: Call, logs: Logs, inbound: Inbound) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def inbound(self, call: Call) -> Scoring | Raise:
+        got = self.exchange(call)
+        if isinstance(got, Raise):
+            return got
+        values: dict[str, Any] | Exception | None = None
+        if self.scores_here(call):
+            try:
+                values = call.merge(got.frames, dict(enumerate(got.counts)), lambda v, c: v)
+            except Exception as e:
+                values = e
+        return self.scoring_for(call, got, values)
+
+    def exchange(self, call: Call) -> Inbound | Raise:
+        w = call.world_size
+        payload = call.frame if call.error is None else b""
+        got = exchange_inbound(
+            call.session,
+            header=call.header(len(payload)),
+            payload=payload,
+            dests=lambda src: self.dests(src, w),
+            error=call.error,
+            blob=call.blob,
+            description=call.description,
+            names=call.names,
+            droppable=call.droppable,
+            timeout=call.timeout,
+            function=call.spec.name,
+        )
+        if not isinstance(got, Raise):
+            call.dropped = got.dropped
+        return got
+
+    def scoring_for(self, call: Call, inbound: Inbound, values: dict[str, Any] | Exception | None) -> Scoring:
+        """This rank's scoring inputs: the global ``values`` (or why they could not be had) and log stand-ins."""
+        if not self.scores_here(call):
+            return Scoring(scores=False, state=inbound)
         assert call.bound is not None
-        scoring.args, scoring.kwargs = call.bound.call_args({**values, **proxies}, call.dropped)
+        logs = Logs(call.bound, call.spec.name)
+        scoring = Scoring(scores=True, logs=logs, state=inbound, values=values if isinstance(values, dict) else None)
+        if isinstance(values, Exception):
+            scoring.error = values
+            return scoring
+        try:
+            merged = {**(values or {}), **self.proxies(call, logs, inbound)}
+            scoring.args, scoring.kwargs = call.bound.call_args(merged, call.dropped)
+        except Exception as e:
+            scoring.error = e
+        return scoring

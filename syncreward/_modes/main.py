@@ -12,12 +12,12 @@ from typing import Any
 
 from .._batch import rebuild_result, result_columns, take
 from .._codec import Column, decode_frame, decode_value, encode_frame, is_plain
-from .._errors import CodecError, RemoteError
-from .._exchange import all_to_all, exchange_inbound
+from .._errors import CodecError, MismatchError, RemoteError
+from .._exchange import Inbound, all_to_all
 from .._logs import Logs
 from .._session import Raise
 from .._wire import DEFAULT_PER_SAMPLE, FAILED, OK, ResultChunk, error_blob, next_result_per_sample, result_capacity
-from ._base import Call, Mode, Scoring
+from ._base import Call, GatherMode, Scoring
 
 __all__ = ["MainMode"]
 
@@ -25,11 +25,7 @@ ROOT = 0
 _REMEMBERED = 64  # functions whose result capacity a session remembers
 
 
-def _to_root(src: int) -> tuple[int, ...]:
-    return () if src == ROOT else (ROOT,)
-
-
-class MainMode(Mode):
+class MainMode(GatherMode):
     name = "main"
 
     def prepare(self, call: Call) -> None:
@@ -47,34 +43,14 @@ class MainMode(Mode):
             else:
                 encode_frame([col], call.bound.n)  # raises the codec's UnsupportedTypeError for this column
 
-    def inbound(self, call: Call) -> Scoring | Raise:
-        payload = call.frame if call.error is None else b""
-        got = exchange_inbound(
-            call.session,
-            header=call.header(len(payload)),
-            payload=payload,
-            dests=_to_root,
-            error=call.error,
-            blob=call.blob,
-            description=call.description,
-            names=call.names,
-            droppable=call.droppable,
-            timeout=call.timeout,
-            function=call.spec.name,
-        )
-        if isinstance(got, Raise):
-            return got
-        call.dropped = got.dropped
-        if call.rank != ROOT:
-            return Scoring(scores=False, state=got)
-        logs = Logs(call.bound, call.spec.name)
-        scoring = Scoring(scores=True, logs=logs, state=got)
-        try:
-            values = call.merge(got.frames, dict(enumerate(got.counts)), lambda v, c: v)
-            self.set_inputs(call, scoring, values, logs.recording())
-        except Exception as e:
-            scoring.error = e
-        return scoring
+    def dests(self, src: int, world_size: int) -> tuple[int, ...]:
+        return () if src == ROOT else (ROOT,)
+
+    def scores_here(self, call: Call) -> bool:
+        return call.rank == ROOT
+
+    def proxies(self, call: Call, logs: Logs, inbound: Inbound) -> dict[str, Any]:
+        return logs.recording()
 
     def outbound(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
         if call.rank == ROOT:
@@ -114,7 +90,7 @@ class MainMode(Mode):
         send = bytearray()
         send_counts = [0] * w
         for r in bodies:
-            send += ResultChunk(status, overflow, nxt, len(bodies[r])).pack(bodies[r], caps[r])
+            send += ResultChunk(status, overflow, nxt, len(bodies[r]), call.fp, call.seq).pack(bodies[r], caps[r])
             send_counts[r] = caps[r]
         all_to_all(session, send, send_counts, [0] * w, 1, call.timeout)
         if overflow:
@@ -144,6 +120,13 @@ class MainMode(Mode):
             ).tobytes()
         _remember(session.result_per_sample, call.fp, chunk.next_per_sample)
         try:
+            if (chunk.fp, chunk.seq) != (call.fp, call.seq):
+                return Raise(
+                    MismatchError(
+                        f"rank {ROOT} sent the results of another synced call than this rank's {call.description}. "
+                        "HINT: every rank must call the same synced functions in the same order."
+                    )
+                )
             if chunk.status != OK:
                 info = decode_value(body)
                 return Raise(

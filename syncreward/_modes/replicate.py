@@ -11,50 +11,28 @@ from typing import Any
 
 from .._batch import rebuild_result, result_columns, take
 from .._codec import Column
-from .._exchange import all_gather, exchange_inbound, report_failures
+from .._errors import MismatchError
+from .._exchange import Inbound, all_gather, report_failures
 from .._logs import Logs
 from .._session import Raise
 from .._wire import FAILED, OK, error_blob
-from ._base import Call, Mode, Scoring
+from ._base import Call, GatherMode, Scoring
 
 __all__ = ["ReplicateMode"]
 
 
-class ReplicateMode(Mode):
+class ReplicateMode(GatherMode):
     name = "replicate"
 
-    def inbound(self, call: Call) -> Scoring | Raise:
-        w = call.world_size
+    def dests(self, src: int, world_size: int) -> list[int]:
+        return [d for d in range(world_size) if d != src]
 
-        def others(src: int) -> list[int]:
-            return [d for d in range(w) if d != src]
+    def scores_here(self, call: Call) -> bool:
+        return True
 
-        payload = call.frame if call.error is None else b""
-        got = exchange_inbound(
-            call.session,
-            header=call.header(len(payload)),
-            payload=payload,
-            dests=others,
-            error=call.error,
-            blob=call.blob,
-            description=call.description,
-            names=call.names,
-            droppable=call.droppable,
-            timeout=call.timeout,
-            function=call.spec.name,
-        )
-        if isinstance(got, Raise):
-            return got
-        call.dropped = got.dropped
-        logs = Logs(call.bound, call.spec.name)
-        scoring = Scoring(scores=True, logs=logs, state=got)
-        try:
-            values = call.merge(got.frames, dict(enumerate(got.counts)), lambda v, c: v)
-            lo, hi = got.offsets[call.rank], got.offsets[call.rank + 1]
-            self.set_inputs(call, scoring, values, logs.forwarding(lo, hi, got.total))
-        except Exception as e:
-            scoring.error = e
-        return scoring
+    def proxies(self, call: Call, logs: Logs, inbound: Inbound) -> dict[str, Any]:
+        lo, hi = inbound.offsets[call.rank], inbound.offsets[call.rank + 1]
+        return logs.forwarding(lo, hi, inbound.total)
 
     def outbound(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
         got = scoring.state
@@ -69,8 +47,15 @@ class ReplicateMode(Mode):
             except Exception as e:
                 error = e
         blob = error_blob(error) if error is not None else b""
-        s = all_gather(call.session, [OK if error is None else FAILED, len(blob)], 1, call.timeout)
+        s = all_gather(call.session, [OK if error is None else FAILED, len(blob), call.fp, call.seq], 1, call.timeout)
         statuses = [int(x) for x in s[:, 0]]
+        if len({(int(a), int(b)) for a, b in s[:, 2:4]}) > 1:  # a reward group's call skips the header check
+            return Raise(
+                MismatchError(
+                    f"ranks made different synced calls at the same point (this rank: {call.description}). "
+                    "HINT: every rank must call the same synced functions in the same order."
+                )
+            )
         if any(statuses):
             return report_failures(
                 call.session, statuses, s[:, 1].tolist(), error, blob, 1, call.timeout, call.spec.name

@@ -144,7 +144,8 @@ class ShardMode(Mode):
             try:
                 parts = dict(enumerate(split(buf, recv_counts)))
                 values = call.merge(parts, plan.share, lambda v, c: take(v, c, plan.sent[me]))
-                self.set_inputs(call, scoring, values, logs.recording())
+                assert call.bound is not None
+                scoring.args, scoring.kwargs = call.bound.call_args({**values, **logs.recording()}, call.dropped)
             except Exception as e:
                 scoring.error = e
         return scoring
