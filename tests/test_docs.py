@@ -19,7 +19,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("docs") / "site"
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return out
@@ -43,7 +46,8 @@ def test_api_reference_renders_cross_references_not_sphinx_roles(site: Path) -> 
 def test_code_is_highlighted_and_edit_links_point_at_main(site: Path) -> None:
     page = (site / "guides" / "torchrun" / "index.html").read_text()
     assert '<div class="highlight">' in page  # pymdownx.highlight (Pygments), no CDN script needed
-    assert "/edit/main/docs/" in page and "/edit/master/" not in page
+    assert "/edit/main/docs/" in page
+    assert "/edit/master/" not in page
 
 
 def test_troubleshooting_errors_reach_the_sidebar(site: Path) -> None:

@@ -40,11 +40,14 @@ class SyncrewardDocs(griffe.Extension):
             try:
                 obj = loader.modules_collection[ident]
                 public[obj.canonical_path] = ident
-            except Exception:  # noqa: BLE001 - an identifier outside this package
+            except Exception:  # an identifier outside this package
                 public[ident] = ident
         for obj in _walk(pkg):
             if obj.docstring is not None:
-                obj.docstring.value = _ROLE.sub(lambda m: _xref(m, obj, loader, public), obj.docstring.value)
+                obj.docstring.value = _ROLE.sub(
+                    lambda m, scope=obj: _xref(m, scope, loader, public),
+                    obj.docstring.value,
+                )
             if isinstance(obj, griffe.Function):
                 for fn in (obj, *(getattr(obj, "overloads", None) or ())):
                     _inline_constant_defaults(fn)
@@ -61,7 +64,7 @@ def _walk(obj: griffe.Object) -> list[griffe.Object]:
 def _resolve(name: str, scope: griffe.Object, loader: griffe.GriffeLoader) -> str | None:
     try:
         return loader.modules_collection[name].canonical_path  # an absolute path
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     head, _, rest = name.partition(".")
     for candidate in (scope, scope.parent):
@@ -71,7 +74,7 @@ def _resolve(name: str, scope: griffe.Object, loader: griffe.GriffeLoader) -> st
             path = candidate.resolve(head)
             target = loader.modules_collection[path + ("." + rest if rest else "")]
             return target.canonical_path
-        except Exception:  # noqa: BLE001
+        except Exception:
             continue
     return None
 
@@ -83,7 +86,7 @@ def _xref(match: re.Match[str], scope: griffe.Object, loader: griffe.GriffeLoade
     if canonical is not None:
         for rendered_canonical, rendered in public.items():
             if canonical == rendered_canonical or canonical.startswith(rendered_canonical + "."):
-                return f"[`{title}`][{rendered + canonical[len(rendered_canonical):]}]"
+                return f"[`{title}`][{rendered + canonical[len(rendered_canonical) :]}]"
     return f"`{title}`"
 
 
@@ -93,7 +96,7 @@ def _inline_constant_defaults(fn: griffe.Function) -> None:
         if isinstance(default, griffe.ExprName):
             try:
                 target = fn.module[default.name]
-            except Exception:  # noqa: BLE001
+            except Exception:
                 continue
             value = getattr(target, "value", None)
             if isinstance(value, str) and re.fullmatch(r"-?[\d_.]+(e-?\d+)?|'[^']*'|\"[^\"]*\"|True|False|None", value):
