@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 from typing import Any
 
 from .._errors import BackendError
@@ -78,15 +79,49 @@ def _release() -> None:
 atexit.register(_release)
 
 
+_cache_lock = threading.Lock()
+_forked_from: int | None = None  # pid of the parent, when this process was forked from a distributed job
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from, _cache_lock
+    _cache_lock = threading.Lock()  # another thread may have held it at the fork
+    if _torch_active() or _forked_from is not None:
+        _forked_from = os.getppid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_not_forked(kind: str) -> None:
+    if _forked_from is not None:
+        raise BackendError(
+            f"a synced call (backend {kind!r}) was made in a process forked (pid {os.getpid()}) from a rank of a "
+            f"distributed job (pid {_forked_from}); the child cannot take part in the job's exchanges and must not "
+            "touch its process groups. HINT: make synced calls in the training process itself, not in fork-started "
+            "workers (a DataLoader's workers, multiprocessing with the fork start method)."
+        )
+
+
 def _cached(kind: str, process_group: Any, make: Any) -> Any:
-    """One backend per (kind, job, process group): a re-initialised job gets fresh groups."""
+    """One backend per (kind, job, process group): a re-initialised job gets fresh groups.
+
+    Created under a lock, so two threads making their first call at once share one backend (two would
+    create two sets of gloo groups, which the other ranks would pair up wrongly).
+    """
     import torch.distributed as dist
 
+    _check_not_forked(kind)
     key = (kind, id(dist.group.WORLD), id(process_group))
     backend = _cache.get(key)
     if backend is None:
-        backend = _cache[key] = make()
-        _keepalive[key] = (process_group, dist.group.WORLD)  # keep the ids in the key from being reused
+        with _cache_lock:
+            backend = _cache.get(key)
+            if backend is None:
+                backend = make()
+                _keepalive[key] = (process_group, dist.group.WORLD)  # keep the ids in the key from being reused
+                _cache[key] = backend
     return backend
 
 

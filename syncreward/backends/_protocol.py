@@ -19,9 +19,10 @@ class Backend(Protocol):
     interleave with operations on the other), which lets concurrent ``async`` synced calls overlap.
 
     An implementation raises [`SyncTimeoutError`][syncreward.SyncTimeoutError] when the others do not
-    arrive within ``timeout`` seconds, [`CommunicationError`][syncreward.CommunicationError] when the
-    transport fails, and [`GroupBrokenError`][syncreward.GroupBrokenError] for every call after such a
-    failure.
+    arrive within ``timeout`` seconds and [`CommunicationError`][syncreward.CommunicationError] when the
+    transport fails. It need not remember failures: syncreward stops using a backend after any such
+    error (every later call raises [`GroupBrokenError`][syncreward.GroupBrokenError] without touching
+    it).
 
     Example:
         A third-party backend needs no base class (this one is a group of one rank):
