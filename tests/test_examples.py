@@ -194,7 +194,7 @@ def test_trl_grpo_example() -> None:
     )  # fmt: skip
     assert "generation batch: 12 completions = 3 prompts x 4, 6 per rank" in out, out[-4000:]
     assert "trained 2 steps on 2 ranks" in out, out[-4000:]
-    assert out.splitlines().count("done") == 1, out[-4000:]
+    assert out.split().count("done") == 1, out[-4000:]  # words, not lines: rank 1 may write between them
     assert "terminate called" not in out  # the example tears the process group down
     blocks = _first_call_blocks(out)
     assert set(blocks) == {(r, f) for r in (0, 1) for f in ("relative_brevity", "judge_rank")}, out[-4000:]
