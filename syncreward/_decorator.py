@@ -154,19 +154,20 @@ def synced_reward(
             rank (for cheap deterministic functions; saves sending results back); ``"shard"`` spreads
             whole groups over the ranks (needs ``group_size`` or ``group_by``) for expensive functions
             that only compare samples within a group.
-        backend: ``"auto"`` (resolved at call time: accelerate, then torch.distributed, else one process),
-            ``"local"``, ``"torch"``, ``"accelerate"``, or an object implementing
-            :class:`~syncreward.Backend`.
+        backend: ``"auto"`` (resolved at call time: a joined Ray group, then accelerate, then
+            torch.distributed, else one process), ``"local"``, ``"torch"``, ``"accelerate"``, ``"ray"``,
+            or an object implementing [`Backend`][syncreward.Backend].
         timeout: seconds a rank waits for the others in one exchange step (including waiting for the
-            scoring rank's results). A rank that does not arrive in time is named in a
-            :class:`~syncreward.SyncTimeoutError` on every rank that did.
+            scoring rank's results); default 1800 (30 minutes, torch.distributed's default). A rank that
+            does not arrive in time is named in a [`SyncTimeoutError`][syncreward.SyncTimeoutError] on
+            every rank that did.
         group_size: with ``mode="shard"``: consecutive global samples form groups of this size (TRL's
             ``num_generations``).
         group_by: with ``mode="shard"``: samples with equal values in this per-sample column form a group.
         include: the ``**kwargs`` per-sample columns to exchange (default: all that hold plain data).
             Parameters the function names are always exchanged.
         exclude: per-sample columns not to exchange; the function receives a
-            :class:`~syncreward.NotSynced` placeholder for them.
+            [`NotSynced`][syncreward.NotSynced] placeholder for them.
         shared: sequence arguments that are not per-sample (passed through from the scoring rank).
         allow_pickle: also carry arbitrary objects, with pickle. Unpickling runs code chosen by the
             sender: use only on clusters where every rank is trusted.
@@ -178,7 +179,10 @@ def synced_reward(
     Raises:
         ValueError: invalid options (at decoration time).
 
-    Example:
+    Examples:
+        In one process the wrapped function is simply called; on several ranks each rank passes its own
+        completions and gets back its own rewards, computed over the global batch.
+
         >>> from syncreward import synced_reward
         >>> @synced_reward
         ... def rank_reward(completions, **kwargs):

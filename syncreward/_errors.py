@@ -1,20 +1,22 @@
 """The exceptions syncreward raises.
 
 Every error is raised on *every* rank of the group, so that no rank is left waiting in a collective
-that the others have abandoned. The tree::
+that the others have abandoned. The tree:
 
-    SyncRewardError                       base of everything below
-    ├── RemoteError                       the function (or its input) failed on another rank
-    ├── MismatchError                     ranks called different synced functions / schemas / order
-    ├── InputError (ValueError)           bad per-sample input: lengths disagree, unknown column, ...
-    │   └── ResultLengthError             the function returned the wrong number of results
-    ├── UnsupportedTypeError (TypeError)  a value the wire format cannot carry without pickle
-    ├── ColumnNotSyncedError (KeyError)   the function used a column that was not exchanged
-    ├── CodecError                        a payload that is not valid syncreward wire data
-    ├── BackendError (RuntimeError)       no usable backend / misconfigured distributed job
-    └── CommunicationError                the transport failed: a peer died or the group broke
-        ├── SyncTimeoutError (TimeoutError) a rank did not arrive within ``timeout``
-        └── GroupBrokenError              an earlier transport failure left the group unusable
+```text
+SyncRewardError                       base of everything below
+├── RemoteError                       the function (or its input) failed on another rank
+├── MismatchError                     ranks called different synced functions / schemas / order
+├── InputError (ValueError)           bad per-sample input: lengths disagree, unknown column, ...
+│   └── ResultLengthError             the function returned the wrong number of results
+├── UnsupportedTypeError (TypeError)  a value the wire format cannot carry without pickle
+├── ColumnNotSyncedError (KeyError)   the function used a column that was not exchanged
+├── CodecError                        a payload that is not valid syncreward wire data
+├── BackendError (RuntimeError)       no usable backend / misconfigured distributed job
+└── CommunicationError                the transport failed: a peer died or the group broke
+    ├── SyncTimeoutError (TimeoutError) a rank did not arrive within timeout=
+    └── GroupBrokenError              an earlier transport failure left the group unusable
+```
 
 Messages end with a ``HINT:`` saying what to do next where there is something to do.
 """
