@@ -17,12 +17,14 @@ from typing import Any, Literal, TypeVar, cast, overload
 from typing_extensions import ParamSpec
 
 from ._binding import Binder
+from ._group import GroupMode, RewardGroup
 from ._lifecycle import call_async, call_sync, nested
 from ._modes import MODES
-from ._modes._base import Spec
+from ._modes._base import GatherMode, Spec
+from ._modes._base import Mode as ModeImpl
 from .backends import Backend, resolve_backend
 
-__all__ = ["synced_reward"]
+__all__ = ["synced_reward", "synced_rewards"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -193,56 +195,179 @@ def synced_reward(
         [0.0, 1.0, 0.5]
     """
     _check_options(mode, backend, timeout, group_size, group_by)
+    options = dict(
+        mode=mode,
+        backend=backend,
+        timeout=timeout,
+        group_size=group_size,
+        group_by=group_by,
+        include=include,
+        exclude=exclude,
+        shared=shared,
+        allow_pickle=allow_pickle,
+        process_group=process_group,
+    )
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
-        if isinstance(func, (staticmethod, classmethod)):  # @synced_reward above @staticmethod / @classmethod
-            return type(func)(decorate(func.__func__))  # type: ignore[return-value]
-        binder = Binder(func, include=include, exclude=exclude, shared=shared)
-        if group_by is not None and group_by in binder.shared:
-            raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
-        spec = Spec(
-            fn=func,
-            name=_stable_name(func),
-            mode=mode,
-            timeout=float(timeout),
-            group_size=group_size,
-            group_by=group_by,
-            allow_pickle=allow_pickle,
-            binder=binder,
-        )
-        if _is_async(func):
-            async_func = cast(Callable[..., Awaitable[Any]], func)
-
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                if nested():  # inside a synced call the data is already global
-                    return await async_func(*args, **kwargs)
-                be = resolve_backend(backend, process_group)
-                if be.world_size == 1:
-                    return await async_func(*args, **kwargs)
-                return await call_async(spec, be, args, kwargs)
-
-            wrapper: Callable[..., Any] = async_wrapper
-        else:
-
-            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                if nested():  # inside a synced call the data is already global
-                    return func(*args, **kwargs)
-                be = resolve_backend(backend, process_group)
-                if be.world_size == 1:
-                    return func(*args, **kwargs)
-                return call_sync(spec, be, args, kwargs)
-
-            wrapper = sync_wrapper
-        if inspect.isfunction(_unwrap(func)) or inspect.ismethod(_unwrap(func)):
-            functools.update_wrapper(wrapper, func)
-        else:  # a callable instance: its attributes stay on it, not on the wrapper
-            functools.update_wrapper(wrapper, func, assigned=("__module__", "__doc__"), updated=())
-        wrapper.__name__ = _display_name(func)
-        if not isinstance(getattr(func, "__qualname__", None), str):
-            wrapper.__qualname__ = wrapper.__name__
-        wrapper.__syncreward_spec__ = spec  # type: ignore[attr-defined]
-        return cast(Callable[P, R], wrapper)
+        return cast(Callable[P, R], wrap(func, MODES[mode], **options))  # type: ignore[arg-type]
 
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def synced_rewards(
+    *fns: Callable[..., Any],
+    mode: Literal["main", "replicate"] = "main",
+    backend: str | Backend = "auto",
+    timeout: float = 1800.0,
+    include: Collection[str] | str | None = None,
+    exclude: Collection[str] | str = (),
+    shared: Collection[str] | str = (),
+    allow_pickle: bool = False,
+    process_group: Any = None,
+) -> tuple[Callable[..., Any], ...]:
+    """Sync several reward functions as a group: the columns they all receive travel once per step.
+
+    Each function becomes a synced reward exactly as with [`synced_reward`][syncreward.synced_reward]
+    (same name, signature, coroutine-ness, results, errors). In addition, a call whose per-sample
+    arguments are the very objects an earlier call of the group sent (TRL passes every reward of a step
+    the same lists), at the same training step, does not gather them again: it is scored on the global
+    columns that call gathered, and only its results travel. A call with other inputs gathers them as
+    usual. Pass new list objects for new data rather than refilling a list in place.
+
+    Args:
+        *fns: the reward functions, plain or ``async def``, in any order.
+        mode: ``"main"`` or ``"replicate"`` (see ``synced_reward``); shard mode has no group form.
+        backend: as for ``synced_reward``.
+        timeout: as for ``synced_reward``.
+        include: as for ``synced_reward``, for every member.
+        exclude: as for ``synced_reward``, for every member.
+        shared: as for ``synced_reward``, for every member.
+        allow_pickle: as for ``synced_reward``.
+        process_group: as for ``synced_reward``.
+
+    Returns:
+        The synced functions, in the order given.
+
+    Raises:
+        ValueError: invalid options, or no function given.
+
+    Examples:
+        TRL's usual three rewards, the async judge included:
+
+        >>> from syncreward import synced_rewards
+        >>> def accuracy(completions, solution, **kwargs):
+        ...     return [float(c.strip() == s) for c, s in zip(completions, solution)]
+        >>> def brevity(completions, **kwargs):
+        ...     longest = max(len(c) for c in completions)
+        ...     return [1 - len(c) / longest for c in completions]
+        >>> accuracy, brevity = synced_rewards(accuracy, brevity)
+        >>> accuracy(["4", "5"], solution=["4", "4"]), brevity(["4", "55"])
+        ([1.0, 0.0], [0.5, 0.0])
+    """
+    if not fns:
+        raise ValueError("synced_rewards() needs at least one reward function")
+    if mode not in ("main", "replicate"):
+        raise ValueError(f"synced_rewards() takes mode='main' or 'replicate', not {mode!r}")
+    _check_options(mode, backend, timeout, None, None)
+    base = MODES[mode]
+    assert isinstance(base, GatherMode)
+    impl = GroupMode(base, RewardGroup())
+    return tuple(
+        wrap(
+            fn,
+            impl,
+            mode=mode,
+            backend=backend,
+            timeout=timeout,
+            group_size=None,
+            group_by=None,
+            include=include,
+            exclude=exclude,
+            shared=shared,
+            allow_pickle=allow_pickle,
+            process_group=process_group,
+        )
+        for fn in fns
+    )
+
+
+def wrap(
+    func: Any,
+    impl: ModeImpl,
+    *,
+    mode: str,
+    backend: str | Backend,
+    timeout: float,
+    group_size: int | None,
+    group_by: str | None,
+    include: Collection[str] | str | None,
+    exclude: Collection[str] | str,
+    shared: Collection[str] | str,
+    allow_pickle: bool,
+    process_group: Any,
+) -> Any:
+    """The synced wrapper of one function (options already checked); ``impl`` is the mode that runs its calls."""
+    if isinstance(func, (staticmethod, classmethod)):  # @synced_reward above @staticmethod / @classmethod
+        inner = wrap(
+            func.__func__,
+            impl,
+            mode=mode,
+            backend=backend,
+            timeout=timeout,
+            group_size=group_size,
+            group_by=group_by,
+            include=include,
+            exclude=exclude,
+            shared=shared,
+            allow_pickle=allow_pickle,
+            process_group=process_group,
+        )
+        return type(func)(inner)
+    binder = Binder(func, include=include, exclude=exclude, shared=shared)
+    if group_by is not None and group_by in binder.shared:
+        raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
+    spec = Spec(
+        fn=func,
+        name=_stable_name(func),
+        mode=mode,
+        timeout=float(timeout),
+        group_size=group_size,
+        group_by=group_by,
+        allow_pickle=allow_pickle,
+        binder=binder,
+        impl=impl,
+    )
+    if _is_async(func):
+        async_func = cast(Callable[..., Awaitable[Any]], func)
+
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if nested():  # inside a synced call the data is already global
+                return await async_func(*args, **kwargs)
+            be = resolve_backend(backend, process_group)
+            if be.world_size == 1:
+                return await async_func(*args, **kwargs)
+            return await call_async(spec, be, args, kwargs)
+
+        wrapper: Callable[..., Any] = async_wrapper
+    else:
+
+        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if nested():  # inside a synced call the data is already global
+                return func(*args, **kwargs)
+            be = resolve_backend(backend, process_group)
+            if be.world_size == 1:
+                return func(*args, **kwargs)
+            return call_sync(spec, be, args, kwargs)
+
+        wrapper = sync_wrapper
+    if inspect.isfunction(_unwrap(func)) or inspect.ismethod(_unwrap(func)):
+        functools.update_wrapper(wrapper, func)
+    else:  # a callable instance: its attributes stay on it, not on the wrapper
+        functools.update_wrapper(wrapper, func, assigned=("__module__", "__doc__"), updated=())
+    wrapper.__name__ = _display_name(func)
+    if not isinstance(getattr(func, "__qualname__", None), str):
+        wrapper.__qualname__ = wrapper.__name__
+    wrapper.__syncreward_spec__ = spec  # type: ignore[attr-defined]
+    return wrapper

@@ -27,7 +27,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._errors import SyncTimeoutError
-from ._modes import MODES
 from ._modes._base import Call, Scoring, Spec
 from ._session import Raise, session_for
 from ._wire import error_blob
@@ -57,7 +56,7 @@ def _open(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str,
     seq, problem = session.open(is_async)
     call = Call(spec, session, seq)
     try:
-        call.prepare(MODES[spec.mode], args, kwargs, problem)
+        call.prepare(spec.impl, args, kwargs, problem)
     except BaseException:  # KeyboardInterrupt while binding: the sequence number is taken, so finish the call
         _abandon(call, None, KeyboardInterrupt("synced call interrupted while preparing"))
         raise
@@ -67,7 +66,7 @@ def _open(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str,
 def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Make one synced call of a plain function and return this rank's results."""
     call = _open(spec, backend, args, kwargs, is_async=False)
-    session, mode, seq = call.session, MODES[spec.mode], call.seq
+    session, mode, seq = call.session, spec.impl, call.seq
     try:
         try:
             scoring: Scoring = session.step(0, seq, lambda: mode.inbound(call), call.timeout)
@@ -89,7 +88,7 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
 async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Make one synced call of an ``async`` function; its exchanges never block the event loop."""
     call = _open(spec, backend, args, kwargs, is_async=True)
-    session, mode, seq = call.session, MODES[spec.mode], call.seq
+    session, mode, seq = call.session, spec.impl, call.seq
     fn: Callable[..., Awaitable[Any]] = spec.fn
     inbound = session.submit(0, seq, lambda: mode.inbound(call))
     try:
@@ -144,7 +143,7 @@ def _abandon(call: Call, inbound: Future[Any] | None, error: BaseException) -> N
     The other ranks then raise (a ``RemoteError`` naming the cancellation) instead of waiting for this
     rank. Nothing here blocks: each remaining step runs when its turn comes.
     """
-    session, mode, seq = call.session, MODES[call.spec.mode], call.seq
+    session, mode, seq = call.session, call.spec.impl, call.seq
     session.close(seq)
     if inbound is None:
         call.error, call.blob = error, error_blob(error)

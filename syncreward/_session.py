@@ -33,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError
-from ._wire import Predictor
+from ._wire import BASE_CAPACITY, Predictor, ResultPredictor
 from .backends import Backend
 
 __all__ = ["Raise", "Session", "session_for"]
@@ -171,7 +171,9 @@ class Session:
         self.latch = _Latch()
         self.turns = (Turnstile(self.latch, self.break_), Turnstile(self.latch, self.break_))
         self.predictor = Predictor(self.world_size)
-        self.result_per_sample: dict[int, int] = {}
+        # main mode's result blocks: the size each (scoring rank, rank) pair agreed on for the next block
+        self.result_caps = [BASE_CAPACITY] * self.world_size
+        self.result_predictor = ResultPredictor()
         self._seq = 0
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[int, bool]] = {}  # seq -> (thread id, async)

@@ -24,7 +24,6 @@ The header every rank sends every other rank at the start of a call (int64 words
 from __future__ import annotations
 
 import hashlib
-import math
 import struct
 import traceback
 from collections import OrderedDict
@@ -51,8 +50,7 @@ __all__ = [
     "fingerprint",
     "offsets",
     "remainder_counts",
-    "result_capacity",
-    "next_result_per_sample",
+    "ResultPredictor",
     "split",
 ]
 
@@ -260,31 +258,37 @@ class Predictor:
             self._put(self.sizes, fp, eager_sizes(headers.sizes, dests))
 
     def _put(self, table: OrderedDict, key: int, value: object) -> None:  # type: ignore[type-arg]
-        table[key] = value
-        table.move_to_end(key)
-        while len(table) > self.capacity:
-            table.popitem(last=False)
+        _lru_put(table, key, value, self.capacity)
+
+
+def _lru_put(table: OrderedDict, key: int, value: object, capacity: int) -> None:  # type: ignore[type-arg]
+    """Insert as the most recent entry, dropping the oldest past ``capacity``."""
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > capacity:
+        table.popitem(last=False)
 
 
 # --------------------------------------------------------------------------------------------- results
 
-_CHUNK = struct.Struct("<BBxxIQqq")  # status, overflow follows, next per-sample capacity, body bytes, fp, seq
-BASE_CAPACITY = 240
-DEFAULT_PER_SAMPLE = 16
-MAX_PER_SAMPLE = 1 << 20
+_CHUNK = struct.Struct("<BBxxIQqq")  # status, overflow follows, next block's capacity, body bytes, fp, seq
+BASE_CAPACITY = 256  # a block's size before anything was learned (the chunk header included)
+MAX_CAPACITY = 64 << 20
 
 
 @dataclass(frozen=True)
 class ResultChunk:
-    """The fixed-size block the scoring rank sends each rank in ``main`` mode: a chunk header, then the body.
+    """The block the scoring rank sends each rank in ``main`` mode: a chunk header, then the body.
 
-    Its size is ``result_capacity(per_sample, n)``, known on both sides in advance; a body that does not
-    fit continues in one more exchange (``overflow``).
+    Its size was fixed by the *previous* block between the same two ranks, which announced it
+    (``next_capacity``), so both sides know it without agreeing on anything else first -- not even on
+    which call this is (``fp``, ``seq`` say that, and the receiver checks). A body that does not fit
+    continues in one more exchange (``overflow``).
     """
 
     status: int
     overflow: bool
-    next_per_sample: int
+    next_capacity: int
     body_bytes: int
     fp: int  # the call these results belong to: the receiver checks it is making the same call
     seq: int
@@ -292,30 +296,44 @@ class ResultChunk:
     HEADER = _CHUNK.size
 
     def pack(self, body: bytes | bytearray, capacity: int) -> bytes:
-        head = _CHUNK.pack(self.status, self.overflow, self.next_per_sample, self.body_bytes, self.fp, self.seq)
+        head = _CHUNK.pack(self.status, self.overflow, self.next_capacity, self.body_bytes, self.fp, self.seq)
         chunk = head + bytes(body[: capacity - self.HEADER])
         return chunk + bytes(capacity - len(chunk))
 
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> ResultChunk:
-        status, overflow, per_sample, size, fp, seq = _CHUNK.unpack_from(buf)
-        return cls(status, bool(overflow), per_sample, size, fp, seq)
+        status, overflow, capacity, size, fp, seq = _CHUNK.unpack_from(buf)
+        return cls(status, bool(overflow), capacity, size, fp, seq)
 
 
-def result_capacity(per_sample: int, n: int) -> int:
-    """Bytes of the result block for a rank with ``n`` samples, at ``per_sample`` bytes each."""
-    return round8(ResultChunk.HEADER + BASE_CAPACITY + per_sample * n)
+class ResultPredictor:
+    """The scoring rank's guess of the next result blocks' sizes, per function, from their last bodies.
 
+    Like :class:`Predictor`, it follows the order in which functions are called (TRL's rewards of a
+    step), so each call's blocks are sized for *its* function's results. Only the scoring rank uses it;
+    what it predicts reaches the other ranks as each block's ``next_capacity``.
+    """
 
-def next_result_per_sample(body_sizes: dict[int, int], counts: Sequence[int], current: int) -> int:
-    """The per-sample capacity to use next time, from this call's result bodies (25% headroom)."""
-    need = [
-        math.ceil((size + ResultChunk.HEADER - BASE_CAPACITY) / counts[r])
-        for r, size in body_sizes.items()
-        if counts[r]
-    ]
-    nxt = min(MAX_PER_SAMPLE, round8(int(max(need) * 1.25))) if need else current
-    return max(nxt, 8)
+    def __init__(self, capacity: int = PREDICTED_CALLS) -> None:
+        self.capacity = capacity
+        self.last = 0
+        self.after: OrderedDict[int, int] = OrderedDict()
+        self.per_sample: OrderedDict[int, float] = OrderedDict()
+
+    def update(self, fp: int, bodies: dict[int, int], counts: Sequence[int]) -> None:
+        """Record a call's result bodies (bytes per receiving rank)."""
+        _lru_put(self.after, self.last, fp, self.capacity)
+        self.last = fp
+        rates = [size / counts[r] for r, size in bodies.items() if counts[r]]
+        if rates:
+            _lru_put(self.per_sample, fp, max(rates), self.capacity)
+
+    def next_capacities(self, counts: Sequence[int]) -> list[int]:
+        """Block sizes for the next call, assuming each rank keeps its sample count (25% headroom)."""
+        rate = self.per_sample.get(self.after.get(self.last, self.last))
+        if rate is None:
+            return [BASE_CAPACITY] * len(counts)
+        return [min(MAX_CAPACITY, round8(ResultChunk.HEADER + 64 + int(rate * 1.25 * n))) for n in counts]
 
 
 # --------------------------------------------------------------------------------------------- errors

@@ -15,16 +15,16 @@ from syncreward._wire import (
     OK,
     Headers,
     Predictor,
+    BASE_CAPACITY,
     ResultChunk,
+    ResultPredictor,
     drop_mask,
     dropped_names,
     eager_sizes,
     error_blob,
-    next_result_per_sample,
     offsets,
     pack_header,
     remainder_counts,
-    result_capacity,
     split,
 )
 
@@ -177,18 +177,34 @@ def test_prediction_memory_is_bounded() -> None:
 
 
 def test_result_chunk_round_trip_and_padding() -> None:
-    cap = result_capacity(16, 4)
-    chunk = ResultChunk(OK, False, 24, 10, fp=-5, seq=3)
-    packed = chunk.pack(b"0123456789", cap)
-    assert len(packed) == cap
+    chunk = ResultChunk(OK, False, 512, 10, fp=-5, seq=3)
+    packed = chunk.pack(b"0123456789", BASE_CAPACITY)
+    assert len(packed) == BASE_CAPACITY
     assert ResultChunk.unpack(packed) == chunk
     assert packed[ResultChunk.HEADER : ResultChunk.HEADER + 10] == b"0123456789"
 
 
-def test_next_result_capacity_covers_the_largest_body_with_headroom() -> None:
-    nxt = next_result_per_sample({1: 4000, 2: 100}, [0, 10, 10], 16)
-    assert result_capacity(nxt, 10) >= 4000 + ResultChunk.HEADER
-    assert next_result_per_sample({}, [0, 0], 32) == 32
+def test_result_blocks_are_sized_per_function_in_call_order() -> None:
+    """Accuracy (8 B/sample) then judge (400 B/sample), every step: each next block fits its own function."""
+    p = ResultPredictor()
+    assert p.next_capacities([0, 10]) == [BASE_CAPACITY, BASE_CAPACITY]
+    for _ in range(2):
+        for fp, rate in ((1, 8), (2, 400)):
+            p.update(fp, {1: rate * 10}, [0, 10])
+    # the last call was the judge: the next one is accuracy, whose block needs ~80 bytes of body
+    small = p.next_capacities([0, 10])[1]
+    assert 80 + ResultChunk.HEADER <= small < 400
+    p.update(1, {1: 80}, [0, 10])
+    big = p.next_capacities([0, 10])[1]
+    assert big >= 4000 + ResultChunk.HEADER
+
+
+def test_result_prediction_memory_is_bounded() -> None:
+    p = ResultPredictor(capacity=4)
+    for fp in range(50):
+        p.update(fp, {1: 100}, [0, 10])
+    assert len(p.after) <= 4
+    assert len(p.per_sample) <= 4
 
 
 # --------------------------------------------------------------------------------------------- errors

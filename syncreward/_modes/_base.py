@@ -46,6 +46,7 @@ class Spec:
     group_by: str | None
     allow_pickle: bool
     binder: Binder
+    impl: Mode  # the mode object that runs the calls (a reward group's members share one)
 
     @property
     def key(self) -> str:

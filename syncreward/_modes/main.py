@@ -16,13 +16,12 @@ from .._errors import CodecError, MismatchError, RemoteError
 from .._exchange import Inbound, all_to_all
 from .._logs import Logs
 from .._session import Raise
-from .._wire import DEFAULT_PER_SAMPLE, FAILED, OK, ResultChunk, error_blob, next_result_per_sample, result_capacity
+from .._wire import FAILED, OK, ResultChunk, error_blob
 from ._base import Call, GatherMode, Scoring
 
 __all__ = ["MainMode"]
 
 ROOT = 0
-_REMEMBERED = 64  # functions whose result capacity a session remembers
 
 
 class MainMode(GatherMode):
@@ -81,23 +80,22 @@ class MainMode(GatherMode):
             blob = error_blob(error)
             bodies = {r: blob for r in range(w) if r != ROOT}
         status = OK if error is None else FAILED
-        per_sample = session.result_per_sample.get(call.fp, DEFAULT_PER_SAMPLE)
-        caps = [result_capacity(per_sample, counts[r]) for r in range(w)]
-        nxt = per_sample
+        caps = session.result_caps  # what the previous blocks announced, pair by pair
         if status == OK:
-            nxt = next_result_per_sample({r: len(b) for r, b in bodies.items()}, counts, per_sample)
+            session.result_predictor.update(call.fp, {r: len(b) for r, b in bodies.items()}, counts)
+        nxt = session.result_predictor.next_capacities(counts)
         overflow = any(len(bodies[r]) > caps[r] - ResultChunk.HEADER for r in bodies)
         send = bytearray()
         send_counts = [0] * w
         for r in bodies:
-            send += ResultChunk(status, overflow, nxt, len(bodies[r]), call.fp, call.seq).pack(bodies[r], caps[r])
+            send += ResultChunk(status, overflow, nxt[r], len(bodies[r]), call.fp, call.seq).pack(bodies[r], caps[r])
             send_counts[r] = caps[r]
         all_to_all(session, send, send_counts, [0] * w, 1, call.timeout)
         if overflow:
             tails = {r: bodies[r][caps[r] - ResultChunk.HEADER :] for r in bodies}
             rest_counts = [len(tails.get(r, b"")) for r in range(w)]
             all_to_all(session, b"".join(tails.values()), rest_counts, [0] * w, 1, call.timeout)
-        _remember(session.result_per_sample, call.fp, nxt)
+        session.result_caps = nxt
         if error is not None:
             return Raise(error)
         try:
@@ -109,16 +107,15 @@ class MainMode(GatherMode):
     def _receive(self, call: Call, scoring: Scoring) -> Any:
         session, inbound = call.session, scoring.state
         w, me = call.world_size, call.rank
-        cap = result_capacity(session.result_per_sample.get(call.fp, DEFAULT_PER_SAMPLE), inbound.counts[me])
+        cap = session.result_caps[me]
         buf = all_to_all(session, b"", [0] * w, [cap if s == ROOT else 0 for s in range(w)], 1, call.timeout)
         chunk = ResultChunk.unpack(buf.data)
         body = buf[ResultChunk.HEADER : ResultChunk.HEADER + min(chunk.body_bytes, cap - ResultChunk.HEADER)].tobytes()
         if chunk.overflow:
             rest = max(0, chunk.body_bytes - (cap - ResultChunk.HEADER))
-            body += all_to_all(
-                session, b"", [0] * w, [rest if s == ROOT else 0 for s in range(w)], 1, call.timeout
-            ).tobytes()
-        _remember(session.result_per_sample, call.fp, chunk.next_per_sample)
+            recv = [rest if s == ROOT else 0 for s in range(w)]
+            body += all_to_all(session, b"", [0] * w, recv, 1, call.timeout).tobytes()
+        session.result_caps[me] = chunk.next_capacity
         try:
             if (chunk.fp, chunk.seq) != (call.fp, call.seq):
                 return Raise(
@@ -140,10 +137,3 @@ class MainMode(GatherMode):
             return rebuild_result(meta.get("keys"), cols, call.device())
         except Exception as e:  # everything was exchanged: a local failure, the session stays usable
             return Raise(e)
-
-
-def _remember(table: dict[int, int], fp: int, value: int) -> None:
-    table.pop(fp, None)
-    table[fp] = value
-    if len(table) > _REMEMBERED:
-        del table[next(iter(table))]

@@ -45,7 +45,7 @@ _POLL_S = 0.2  # how often a waiting rank looks for an abort from a peer
 _GRACE_S = 2.0  # how long a timed-out rank waits for the others to report in, to name the missing ones
 _GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
 _WORK_TIMEOUT_MESSAGE = "Operation timed out!"  # c10d::Work::wait(timeout) when the slice expires
-_NEW_GROUP_ARGS = set(inspect.signature(dist.new_group).parameters)  # group_desc= is torch >= 2.3
+_NEW_GROUP_ARGS = set(inspect.signature(dist.new_group).parameters)  # group_desc= is torch >= 2.4
 
 
 def _first_line(e: BaseException) -> str:
