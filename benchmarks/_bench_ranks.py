@@ -23,7 +23,7 @@ from _payloads import local_count, make_batch
 import syncreward._lifecycle as sr_lifecycle
 import syncreward._modes._base as sr_base
 import syncreward._modes.main as sr_main
-from syncreward import synced_reward
+from syncreward import synced_reward, synced_rewards
 from syncreward._binding import Binder
 from syncreward._codec import Column, container_of, encode_frame
 from syncreward._wire import HEADER_LEN
@@ -104,10 +104,12 @@ class Synced:
         self.step_rewards = [
             synced_reward(mode="main", backend=step)(f) for f in (reward, format_reward, length_reward)
         ]
+        # the same three rewards as a reward group: the columns travel once per step
+        self.step_group = synced_rewards(reward, format_reward, length_reward, mode="main", backend=fresh())
 
-    def step3(self, batch: dict[str, list[Any]]) -> Any:
+    def step3(self, batch: dict[str, list[Any]], group: bool = False) -> Any:
         """One TRL step's reward calls; returns the first reward's results (the one checked for correctness)."""
-        return [f(**batch) for f in self.step_rewards][0]
+        return [f(**batch) for f in (self.step_group if group else self.step_rewards)][0]
 
 
 # --------------------------------------------------------------------------------------------- variants
@@ -250,6 +252,7 @@ def variants_for(batch: dict[str, list[Any]], raw: Raw, probe: Probe, fns: Synce
         "shard": lambda: fns.shard(**batch),
         "main_after_replicate": (lambda: fns.mixed_replicate(**batch), lambda: fns.mixed_main(**batch)),
         "step3_main": lambda: fns.step3(batch),
+        "step3_group": lambda: fns.step3(batch, group=True),
         "raw_all_gather": raw.all_gather,
         "raw_to_root": raw.to_root,
         "raw_round_trip": raw.round_trip,
