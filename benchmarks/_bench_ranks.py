@@ -108,8 +108,12 @@ class Synced:
         self.step_group = synced_rewards(reward, format_reward, length_reward, mode="main", backend=fresh())
 
     def step3(self, batch: dict[str, list[Any]], group: bool = False) -> Any:
-        """One TRL step's reward calls; returns the first reward's results (the one checked for correctness)."""
-        return [f(**batch) for f in (self.step_group if group else self.step_rewards)][0]
+        """One TRL step's reward calls; returns the first reward's results (the one checked for correctness).
+
+        Every step TRL builds new column lists and passes the same ones to each reward: so does this.
+        """
+        step = {k: list(v) for k, v in batch.items()}
+        return [f(**step) for f in (self.step_group if group else self.step_rewards)][0]
 
 
 # --------------------------------------------------------------------------------------------- variants

@@ -61,6 +61,8 @@ VARIANTS = (
     "replicate",
     "shard",
     "main_after_replicate",
+    "step3_main",
+    "step3_group",
     "raw_all_gather",
     "raw_to_root",
     "raw_round_trip",
