@@ -34,6 +34,7 @@ def test_public_api_is_pinned() -> None:
             "GroupBrokenError", "InputError", "MismatchError", "NotSynced", "RemoteError", "ResultLengthError",
             "SyncRewardError", "SyncTimeoutError", "UnsupportedTypeError", "__version__", "resolve_backend",
             "synced_reward",
+            "synced_rewards",
         ]
     )
 
