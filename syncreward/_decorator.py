@@ -254,7 +254,8 @@ def synced_rewards(
         ValueError: invalid options, or no function given.
 
     Examples:
-        TRL's usual three rewards, the async judge included:
+        Two rewards of a step; in a job the second is scored on what the first gathered (in one
+        process, as here, both are plain calls):
 
         >>> from syncreward import synced_rewards
         >>> def accuracy(completions, solution, **kwargs):
