@@ -20,12 +20,13 @@ import torch.distributed as dist
 from _instrument import CollectiveCounter, PhaseTimer
 from _payloads import local_count, make_batch
 
-import syncreward._decorator as sr_decorator
-import syncreward._modes as sr_modes
-from syncreward import synced_reward
+import syncreward._lifecycle as sr_lifecycle
+import syncreward._modes._base as sr_base
+import syncreward._modes.main as sr_main
+from syncreward import synced_reward, synced_rewards
 from syncreward._binding import Binder
 from syncreward._codec import Column, container_of, encode_frame
-from syncreward._exchange import HEADER_LEN
+from syncreward._wire import HEADER_LEN
 from syncreward.backends import resolve_backend
 from syncreward.backends.torch_distributed import TorchDistributedBackend
 
@@ -65,10 +66,23 @@ async def ajudge(completions, completion_ids, solution, dataset_name, **kwargs):
     return out
 
 
+def format_reward(completions, completion_ids, solution, dataset_name, **kwargs):
+    """TRL's second reward of a step: a format check (one bool-like float per sample)."""
+    return [float("answer:" in c) for c in completions]
+
+
+def length_reward(completions, completion_ids, solution, dataset_name, **kwargs):
+    """TRL's third reward of a step: a length term over the batch, with a per-sample dict of components."""
+    lengths = [len(ids) for ids in completion_ids]
+    mean = sum(lengths) / max(len(lengths), 1)
+    return {"length": [float(x - mean) for x in lengths], "too_long": [x > 1.5 * mean for x in lengths]}
+
+
 class Synced:
-    """The synced variants. Each gets its own backend, hence its own gloo groups and its own ``Link``
-    (sequence numbers, learned result capacities, replicate's eager slot), as if it were the only synced
-    function of the job; ``mixed_*`` share one backend on purpose, to measure how modes affect each other.
+    """The synced variants. Each gets its own backend, hence its own gloo groups and its own session
+    (sequence numbers, learned sizes), as if it were the only synced function of the job; ``mixed_*`` and
+    ``step_rewards`` share one backend on purpose, to measure how calls of different functions affect
+    each other (``step_rewards``: TRL's accuracy + format + length rewards of one step).
     """
 
     def __init__(self) -> None:
@@ -85,6 +99,21 @@ class Synced:
         self.judge_shard = synced_reward(mode="shard", group_size=GROUP, backend=fresh())(judge)
         self.ajudge_main = synced_reward(mode="main", backend=fresh())(ajudge)
         self.ajudge_shard = synced_reward(mode="shard", group_size=GROUP, backend=fresh())(ajudge)
+        # TRL's usual step: three rewards, one after the other, each getting every column, on one backend
+        step = fresh()
+        self.step_rewards = [
+            synced_reward(mode="main", backend=step)(f) for f in (reward, format_reward, length_reward)
+        ]
+        # the same three rewards as a reward group: the columns travel once per step
+        self.step_group = synced_rewards(reward, format_reward, length_reward, mode="main", backend=fresh())
+
+    def step3(self, batch: dict[str, list[Any]], group: bool = False) -> Any:
+        """One TRL step's reward calls; returns the first reward's results (the one checked for correctness).
+
+        Every step TRL builds new column lists and passes the same ones to each reward: so does this.
+        """
+        step = {k: list(v) for k, v in batch.items()}
+        return [f(**step) for f in (self.step_group if group else self.step_rewards)][0]
 
 
 # --------------------------------------------------------------------------------------------- variants
@@ -226,6 +255,8 @@ def variants_for(batch: dict[str, list[Any]], raw: Raw, probe: Probe, fns: Synce
         "replicate": lambda: fns.replicate(**batch),
         "shard": lambda: fns.shard(**batch),
         "main_after_replicate": (lambda: fns.mixed_replicate(**batch), lambda: fns.mixed_main(**batch)),
+        "step3_main": lambda: fns.step3(batch),
+        "step3_group": lambda: fns.step3(batch, group=True),
         "raw_all_gather": raw.all_gather,
         "raw_to_root": raw.to_root,
         "raw_round_trip": raw.round_trip,
@@ -300,14 +331,13 @@ def _profile_main(batch: dict[str, list[Any]], calls: int) -> list[dict[str, int
     """Exclusive phase times of ``mode="main"`` calls on this rank (ns)."""
     timer = PhaseTimer()
     backend = TorchDistributedBackend()
-    timer.patch(sr_decorator, "make_call", "setup")
-    timer.patch(sr_modes.MainCall, "pre", "pre")
-    timer.patch(sr_modes.MainCall, "post", "post")
-    timer.patch(sr_modes, "encode_frame", timer.staged("encode_frame"))
-    timer.patch(sr_modes, "decode_frame", timer.staged("decode_frame"))
-    timer.patch(sr_modes, "concat", timer.staged("concat"))
-    timer.patch(sr_modes, "rebuild_result", timer.staged("rebuild_result"))
-    timer.patch(sr_modes, "result_columns", timer.staged("result_columns"))
+    timer.patch(sr_lifecycle, "_open", "setup")
+    timer.patch(sr_main.MainMode, "inbound", "pre")
+    timer.patch(sr_main.MainMode, "outbound", "post")
+    for module in (sr_base, sr_main):
+        for leaf in ("encode_frame", "decode_frame", "concat", "rebuild_result", "result_columns"):
+            if hasattr(module, leaf):
+                timer.patch(module, leaf, timer.staged(leaf))
     timer.patch(Binder, "bind", timer.staged("bind"))
     timer.patch(backend, "all_gather", timer.staged("all_gather"))
     timer.patch(backend, "all_to_all", timer.staged("all_to_all"))

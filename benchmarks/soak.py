@@ -114,11 +114,12 @@ def snapshot() -> dict[str, Any]:
         "fds": len(os.listdir("/proc/self/fd")),
         "threads_os": _status("Threads"),
         "threads_py": threading.active_count(),
-        # the executor of async synced calls grows on demand to the most exchanges ever in flight at once
-        # (at most max_workers=64), then reuses its threads: growth there is bounded, not a leak
+        # the pool that runs async calls' steps grows on demand to the most steps ever running at once
+        # (steps run only in their turn: at most two per backend), then reuses its threads
         "threads_pool": sum(t.name.startswith("syncreward") for t in threading.enumerate()),
         "process_groups": len(distributed_c10d._world.pg_map) if dist.is_initialized() else 0,
-        "syncreward_links": len(sys.modules["syncreward._exchange"]._links),
+        "syncreward_links": len(sys.modules["syncreward._session"]._sessions)
+        + len(sys.modules["syncreward._session"]._strong),
     }
 
 
@@ -178,7 +179,7 @@ def soak_body(rank: int, world_size: int, calls: int, warmup: int, sample_every:
         "before": before,
         "after": after,
         "growth": {k: after[k] - before[k] for k in before},
-        "pool_max_workers": sys.modules["syncreward._decorator"]._EXECUTOR._max_workers,
+        "pool_max_workers": sys.modules["syncreward._session"]._POOL._max_workers,
         "rss_samples_mb": samples,
     }
 

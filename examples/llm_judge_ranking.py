@@ -71,20 +71,29 @@ def local_slice(batch: dict[str, list[str]], rank: int, world_size: int) -> dict
     return {key: value[lo:hi] for key, value in batch.items()}
 
 
-def run(rank: int, world_size: int) -> list[float]:
-    """What each rank does: call the synced reward on its own rows, as TRL would."""
-    return asyncio.run(judge_ranking_reward(**local_slice(make_batch(), rank, world_size)))
+def run(rank: int, world_size: int) -> dict[str, list[float]]:
+    """What each rank does: call the synced reward on its own rows, as TRL would (and, for comparison, the
+    plain function on those rows alone: what per-rank scoring gives)."""
+    mine = local_slice(make_batch(), rank, world_size)
+    return {
+        "synced": asyncio.run(judge_ranking_reward(**mine)),
+        "per_rank": asyncio.run(judge_ranking_reward.__wrapped__(**mine)),  # type: ignore[attr-defined]
+    }
 
 
 def main(world_size: int = 2) -> list[float]:
     from syncreward.testing import run_ranks
 
-    synced = [r for part in run_ranks(run, world_size) for r in part]
-    # The undecorated function on the whole batch in one process is the reference.
+    parts = run_ranks(run, world_size)
+    synced = [r for p in parts for r in p["synced"]]
+    per_rank = [r for p in parts for r in p["per_rank"]]  # what each rank would score on its own rows
     expected = asyncio.run(judge_ranking_reward.__wrapped__(**make_batch()))  # type: ignore[attr-defined]
-    print(f"{world_size} ranks, rewards per group of {K}:")
+    print(f"{world_size} ranks, rewards per group of {K} (synced, then per-rank scoring without syncreward):")
     for s in range(0, len(synced), K):
-        print("  ", [round(r, 3) for r in synced[s : s + K]])
+        ours, theirs = [round(r, 3) for r in synced[s : s + K]], [round(r, 3) for r in per_rank[s : s + K]]
+        print(f"   {ours}   per-rank: {theirs}{'' if ours == theirs else '   <- differs'}")
+    drift = max(abs(a - b) for a, b in zip(per_rank, synced, strict=True))
+    print(f"per-rank scoring differs from the global-batch rewards by up to {drift:.3f}")
     print("synced == single-process reference:", synced == expected)
     return synced
 

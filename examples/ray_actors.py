@@ -10,7 +10,7 @@ Copy the three marked steps into your code:
 2. ``join(group, rank, world_size)`` once in each member actor (its ``__init__``);
 3. have **every** member make the same synced calls, in the same order (an empty slice is fine).
 
-Run on CPU:  ``pip install 'syncreward[ray]' && python examples/ray_actors.py``
+Run on CPU, from a checkout:  ``pip install -e ".[ray]" && python examples/ray_actors.py``
 """
 
 from __future__ import annotations
@@ -55,11 +55,13 @@ class RolloutWorker:
         n = 0 if (step, self.rank) == (1, 1) else self.rng.randint(2, 6)
         return ["x" * self.rng.randint(1, 40) for _ in range(n)]
 
-    def step(self, step: int) -> tuple[list[str], list[float]]:
+    def step(self, step: int) -> tuple[list[str], list[float], list[float]]:
         completions = self.generate(step)
         # Step 3: every member calls, with its own samples; the call returns this member's rewards.
         rewards = group_relative_length(completions)
-        return completions, rewards
+        # For comparison only: the plain function on this member's rows alone (no syncreward).
+        alone = group_relative_length.__wrapped__(completions) if completions else []
+        return completions, rewards, alone
 
 
 def main() -> None:
@@ -68,11 +70,16 @@ def main() -> None:
     for step in range(3):
         # launch every member's step together: a member waits in the synced call for the others
         results = ray.get([w.step.remote(step) for w in workers])
-        everything = [c for completions, _ in results for c in completions]
+        everything = [c for completions, _, _ in results for c in completions]
         expected = group_relative_length.__wrapped__(everything)  # the plain function, global batch
-        got = [r for _, rewards in results for r in rewards]
+        got = [r for _, rewards, _ in results for r in rewards]
+        alone = [r for _, _, per_worker in results for r in per_worker]
         assert got == expected, (got, expected)
-        print(f"step {step}: rows per worker {[len(c) for c, _ in results]}, rewards match the global batch")
+        drift = max(abs(a - b) for a, b in zip(alone, got, strict=True))
+        print(
+            f"step {step}: rows per worker {[len(c) for c, _, _ in results]}, synced rewards match the global batch;"
+            f" per-worker scoring would differ by up to {drift:.3f}"
+        )
     ray.shutdown()
 
 

@@ -5,7 +5,7 @@ function once on the global batch, and returns each rank exactly its own slice.
 """
 
 from ._binding import NotSynced
-from ._decorator import synced_reward
+from ._decorator import synced_reward, synced_rewards
 from ._errors import (
     BackendError,
     CodecError,
@@ -42,4 +42,5 @@ __all__ = [
     "__version__",
     "resolve_backend",
     "synced_reward",
+    "synced_rewards",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from ._codec import C_LIST, C_NDARRAY, C_TENSOR, C_TUPLE, Column, container_of
 from ._errors import InputError, ResultLengthError
 
-__all__ = ["concat", "rebuild_result", "result_columns", "take"]
+__all__ = ["concat", "rebuild_result", "result_columns", "result_signature", "take"]
 
 
 def _as_container(values: Any, container: int) -> Any:
@@ -107,6 +108,27 @@ def _result_column(name: str, value: Any, n: int, function: str, where: str) -> 
             "exactly one result per sample of the batch it was given."
         )
     return Column(name, container, value)
+
+
+def result_signature(keys: list[Any] | None, columns: Sequence[Column]) -> int:
+    """A nonzero 63-bit hash of a result's shape: dict keys (in any order), containers, dtypes, trailing shapes.
+
+    Ranks that score parts of one batch must return results of the same signature to be put together.
+    """
+    described = []
+    for key, c in zip([None] if keys is None else keys, columns, strict=True):
+        if c.container == C_NDARRAY:
+            dt = c.values.dtype
+            kind = dt.kind if dt.kind in "US" else dt.newbyteorder("=").str
+            what = f"ndarray:{kind}:{tuple(c.values.shape[1:])}"
+        elif c.container == C_TENSOR:
+            what = f"tensor:{c.values.dtype}:{tuple(c.values.shape[1:])}"
+        else:
+            what = "list" if c.container == C_LIST else "tuple"
+        described.append((repr(key), what))
+    text = repr(sorted(described)) if keys is not None else repr(described)
+    digest = hashlib.blake2b(text.encode("utf-8", "backslashreplace"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1 | 1
 
 
 def rebuild_result(keys: list[Any] | None, columns: Sequence[Column], device: torch.device | None) -> Any:

@@ -24,8 +24,11 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ._codec import Column, container_of
 from ._errors import ColumnNotSyncedError, InputError
+from ._wire import NO_STEP
 
 __all__ = ["TRL_SHARED", "Binder", "Bound", "NotSynced"]
 
@@ -78,6 +81,8 @@ class Bound:
     """Per-sample columns that do not travel, with the reason."""
     n: int = 0
     """Local batch size."""
+    step: int = NO_STEP
+    """The training step the call belongs to (see :func:`call_step`), part of the call's header."""
 
     def call_args(
         self, values: dict[str, Any], dropped: Collection[str] = ()
@@ -106,6 +111,34 @@ def _pick(name: str, original: Any, values: dict[str, Any], reasons: dict[str, s
     return original
 
 
+def _names(option: str, value: Collection[str] | str | None) -> frozenset[str] | None:
+    """An ``include``/``exclude``/``shared`` option as a set of names (one string is one name)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return frozenset((value,))
+    names = frozenset(value)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"{option}= takes column names (str), got {bad!r}")
+    return names
+
+
+def call_step(shared: dict[str, Any]) -> int:
+    """The training step a call belongs to, from its shared arguments, or ``NO_STEP``.
+
+    TRL passes ``trainer_state`` (its ``global_step``); a plain loop may pass ``global_step=`` or ``step=``
+    as an int. Ranks whose calls carry different steps are not making the same call.
+    """
+    state = shared.get("trainer_state")
+    step = getattr(state, "global_step", None) if state is not None else None
+    if step is None:
+        step = shared.get("global_step", shared.get("step"))
+    if isinstance(step, (int, np.integer)) and not isinstance(step, bool) and 0 <= int(step) < 1 << 62:
+        return int(step)
+    return NO_STEP
+
+
 class Binder:
     """Splits the arguments of calls to one function; built once per decorated function."""
 
@@ -113,15 +146,16 @@ class Binder:
         self,
         fn: Callable[..., Any],
         *,
-        include: Collection[str] | None,
-        exclude: Collection[str],
-        shared: Collection[str],
+        include: Collection[str] | str | None,
+        exclude: Collection[str] | str,
+        shared: Collection[str] | str,
     ) -> None:
         self.signature = inspect.signature(fn)
-        self.include = None if include is None else frozenset(include)
-        self.exclude = frozenset(exclude)
-        self.shared = frozenset(shared) | (TRL_SHARED - (self.include or frozenset()))
-        clash = self.shared & (self.include or frozenset()) | (self.exclude & frozenset(shared))
+        self.include = _names("include", include)
+        self.exclude = _names("exclude", exclude) or frozenset()
+        user_shared = _names("shared", shared) or frozenset()
+        self.shared = user_shared | (TRL_SHARED - (self.include or frozenset()))
+        clash = self.shared & (self.include or frozenset()) | (self.exclude & user_shared)
         if clash:
             raise ValueError(f"columns {sorted(clash)} are both shared and included/excluded; pick one")
 
@@ -150,11 +184,14 @@ class Binder:
         droppable: set[str] = set()
         excluded: dict[str, str] = {}
         lengths: dict[str, int] = {}
+        shared: dict[str, Any] = {}
         for name, value, named in self._slots(ba):
             if name in self.shared:
+                shared[name] = value
                 continue
             container = container_of(value)
             if container is None:
+                shared[name] = value
                 if self.include is not None and name in self.include:
                     raise InputError(
                         f"include names {name!r}, but its value is a {type(value).__name__}, not a per-sample "
@@ -188,4 +225,4 @@ class Binder:
                 "per-sample, pass shared=[<name>] to synced_reward."
             )
         columns.sort(key=lambda c: c.name)
-        return Bound(ba, columns, frozenset(droppable), excluded, next(iter(lengths.values())))
+        return Bound(ba, columns, frozenset(droppable), excluded, next(iter(lengths.values())), call_step(shared))

@@ -1,34 +1,30 @@
-"""``@synced_reward``: the decorator, and the path of one call.
+"""``@synced_reward``: the decorator.
 
-The path of a call, on every rank::
+It checks the options once, at decoration time, and names the function the same way on every rank;
+each call then goes to the lifecycle (``_lifecycle``), which reads top to bottom::
 
-    resolve backend -> (one process? call the function directly)
-    bind arguments into per-sample columns + shared values, encode   (_binding, _codec)
-    pre:   header + payload exchange                                  (_modes, _exchange, backends)
-    score: the function, on the rank(s) the mode says                 (your code)
-    post:  results back to the ranks that own them                    (_modes)
+    decorator (this module) -> lifecycle (_lifecycle) -> mode (_modes/<mode>.py) -> wire (_wire, _exchange)
+    -> backend (backends/)
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Collection
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar, cast, overload
 
 from typing_extensions import ParamSpec
 
 from ._binding import Binder
-from ._exchange import get_link
-from ._modes import MODES, Call, Spec, make_call
+from ._group import GroupMode, RewardGroup
+from ._lifecycle import call_async, call_sync, nested
+from ._modes import MODES
+from ._modes._base import GatherMode, Spec
+from ._modes._base import Mode as ModeImpl
 from .backends import Backend, resolve_backend
 
-__all__ = ["synced_reward"]
-
-log = logging.getLogger(__name__)
+__all__ = ["synced_reward", "synced_rewards"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -36,63 +32,78 @@ Mode = Literal["main", "replicate", "shard"]
 
 DEFAULT_TIMEOUT = 1800.0
 """Seconds a rank waits for the others in one exchange step (torch.distributed's default, 30 minutes)."""
-
-# Exchanges of async synced calls run here so they never block the event loop. Each waiting exchange
-# holds a thread, so the pool is generous; threads are created on demand.
-_EXECUTOR = ThreadPoolExecutor(max_workers=64, thread_name_prefix="syncreward")
-
-
-def _run_sync(call: Call, fn: Callable[..., Any]) -> Any:
-    call.pre()
-    result: Any = None
-    error: BaseException | None = call.score_error
-    if call.scores and error is None:
-        try:
-            result = fn(*call.args, **call.kwargs)
-        except BaseException as e:  # shipped to the other ranks, then re-raised here by post()
-            error = e
-    return call.post(result, error)
+MAX_TIMEOUT = 1e7
+"""The longest ``timeout`` accepted (about 115 days): longer waits overflow the transports' clocks."""
+BACKENDS = ("auto", "local", "torch", "accelerate", "ray")
 
 
-def _finish_in_background(call: Call, error: BaseException) -> None:
-    """Complete an abandoned (cancelled) call's outbound exchange so the other ranks are not left waiting."""
-
-    def finish() -> None:
-        try:
-            call.post(None, error)
-        except BaseException:  # the caller is gone; the other ranks get the error
-            log.debug("background completion of cancelled synced call #%d", call.seq, exc_info=True)
-
-    _EXECUTOR.submit(finish)
+def _unwrap(fn: Any) -> Any:
+    """The plain function behind ``functools.partial`` layers."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
 
 
-async def _run_async(call: Call, fn: Callable[..., Awaitable[Any]]) -> Any:
-    loop = asyncio.get_running_loop()
-    # The continuation of a cancelled call hangs off the executor's future, not the event loop's: the
-    # loop may be closed (asyncio.run returned) before pre() completes, and its callbacks would never run.
-    pre = _EXECUTOR.submit(call.pre)
-    try:
-        await asyncio.shield(asyncio.wrap_future(pre))
-    except asyncio.CancelledError:
+def _stable_name(fn: Any) -> str:
+    """A name for ``fn`` that is the same in every process: the qualified name of the function or class.
 
-        def after_pre(f: Future[None]) -> None:
-            if not f.cancelled() and f.exception() is None:
-                _finish_in_background(call, asyncio.CancelledError(f"synced call cancelled on rank {call.rank}"))
+    Never ``repr()``: that holds a per-process memory address, and ranks would never agree.
+    """
+    inner = _unwrap(fn)
+    target = getattr(inner, "__func__", inner)  # bound method -> its function
+    if not (inspect.isfunction(target) or inspect.isbuiltin(target) or inspect.isclass(target)):
+        target = type(target)  # a callable instance: its class
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    return name if isinstance(name, str) else type(target).__qualname__
 
-        pre.add_done_callback(after_pre)
-        raise
-    result: Any = None
-    error: BaseException | None = call.score_error
-    if call.scores and error is None:
-        try:
-            result = await fn(*call.args, **call.kwargs)
-        except asyncio.CancelledError as e:
-            _finish_in_background(call, e)
-            raise
-        except Exception as e:
-            error = e
-    post = loop.run_in_executor(_EXECUTOR, call.post, result, error)
-    return await asyncio.shield(post)
+
+def _display_name(fn: Any) -> str:
+    """The ``__name__`` TRL logs rewards by: the function's, or the callable instance's class's."""
+    own = getattr(fn, "__name__", None)
+    if isinstance(own, str):
+        return own
+    inner = _unwrap(fn)
+    own = getattr(inner, "__name__", None)
+    if isinstance(own, str):
+        return own
+    return type(inner).__name__
+
+
+def _is_async(fn: Any) -> bool:
+    """Whether calling ``fn`` returns a coroutine (as TRL's ``is_async_callable`` decides)."""
+    inner = _unwrap(fn)
+    return (
+        inspect.iscoroutinefunction(inner)
+        or inspect.iscoroutinefunction(vars(type(inner)).get("__call__"))
+        or any(inspect.iscoroutinefunction(vars(k).get("__call__")) for k in type(inner).__mro__)
+    )
+
+
+def _check_options(
+    mode: str,
+    backend: Any,
+    timeout: Any,
+    group_size: Any,
+    group_by: Any,
+) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {tuple(MODES)}, not {mode!r}")
+    if mode == "shard":
+        if (group_size is None) == (group_by is None):
+            raise ValueError("mode='shard' needs exactly one of group_size=K or group_by='<column>'")
+        if group_size is not None and (
+            isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+        ):
+            raise ValueError(f"group_size must be a positive int, not {group_size!r}")
+    elif group_size is not None or group_by is not None:
+        raise ValueError("group_size/group_by only apply to mode='shard'")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(
+            f"timeout must be a number of seconds, more than 0 and at most {MAX_TIMEOUT:.0e} (about 115 days), "
+            f"not {timeout!r}"
+        )
+    if isinstance(backend, str) and backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS} or a Backend object")
 
 
 @overload
@@ -104,12 +115,12 @@ def synced_reward(
     *,
     mode: Mode = "main",
     backend: str | Backend = "auto",
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = 1800.0,
     group_size: int | None = None,
     group_by: str | None = None,
-    include: Collection[str] | None = None,
-    exclude: Collection[str] = (),
-    shared: Collection[str] = (),
+    include: Collection[str] | str | None = None,
+    exclude: Collection[str] | str = (),
+    shared: Collection[str] | str = (),
     allow_pickle: bool = False,
     process_group: Any = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
@@ -121,12 +132,12 @@ def synced_reward(
     *,
     mode: Mode = "main",
     backend: str | Backend = "auto",
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = 1800.0,
     group_size: int | None = None,
     group_by: str | None = None,
-    include: Collection[str] | None = None,
-    exclude: Collection[str] = (),
-    shared: Collection[str] = (),
+    include: Collection[str] | str | None = None,
+    exclude: Collection[str] | str = (),
+    shared: Collection[str] | str = (),
     allow_pickle: bool = False,
     process_group: Any = None,
 ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
@@ -145,19 +156,20 @@ def synced_reward(
             rank (for cheap deterministic functions; saves sending results back); ``"shard"`` spreads
             whole groups over the ranks (needs ``group_size`` or ``group_by``) for expensive functions
             that only compare samples within a group.
-        backend: ``"auto"`` (resolved at call time: accelerate, then torch.distributed, else one process),
-            ``"local"``, ``"torch"``, ``"accelerate"``, or an object implementing
-            :class:`~syncreward.Backend`.
+        backend: ``"auto"`` (resolved at call time: a joined Ray group, then accelerate, then
+            torch.distributed, else one process), ``"local"``, ``"torch"``, ``"accelerate"``, ``"ray"``,
+            or an object implementing [`Backend`][syncreward.Backend].
         timeout: seconds a rank waits for the others in one exchange step (including waiting for the
-            scoring rank's results). A rank that does not arrive in time is named in a
-            :class:`~syncreward.SyncTimeoutError` on every rank that did.
+            scoring rank's results); default 1800 (30 minutes, torch.distributed's default). A rank that
+            does not arrive in time is named in a [`SyncTimeoutError`][syncreward.SyncTimeoutError] on
+            every rank that did.
         group_size: with ``mode="shard"``: consecutive global samples form groups of this size (TRL's
             ``num_generations``).
         group_by: with ``mode="shard"``: samples with equal values in this per-sample column form a group.
         include: the ``**kwargs`` per-sample columns to exchange (default: all that hold plain data).
             Parameters the function names are always exchanged.
         exclude: per-sample columns not to exchange; the function receives a
-            :class:`~syncreward.NotSynced` placeholder for them.
+            [`NotSynced`][syncreward.NotSynced] placeholder for them.
         shared: sequence arguments that are not per-sample (passed through from the scoring rank).
         allow_pickle: also carry arbitrary objects, with pickle. Unpickling runs code chosen by the
             sender: use only on clusters where every rank is trusted.
@@ -169,7 +181,10 @@ def synced_reward(
     Raises:
         ValueError: invalid options (at decoration time).
 
-    Example:
+    Examples:
+        In one process the wrapped function is simply called; on several ranks each rank passes its own
+        completions and gets back its own rewards, computed over the global batch.
+
         >>> from syncreward import synced_reward
         >>> @synced_reward
         ... def rank_reward(completions, **kwargs):
@@ -179,61 +194,181 @@ def synced_reward(
         >>> rank_reward(["a", "abc", "ab"])
         [0.0, 1.0, 0.5]
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    if mode == "shard":
-        if (group_size is None) == (group_by is None):
-            raise ValueError("mode='shard' needs exactly one of group_size=K or group_by='<column>'")
-        if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
-            raise ValueError(f"group_size must be a positive int, not {group_size!r}")
-    elif group_size is not None or group_by is not None:
-        raise ValueError("group_size/group_by only apply to mode='shard'")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be positive, not {timeout!r}")
-    if isinstance(backend, str) and backend not in ("auto", "local", "torch", "accelerate", "ray"):
-        raise ValueError(
-            f"unknown backend {backend!r}; expected 'auto', 'local', 'torch', 'accelerate', 'ray' or an object"
-        )
+    _check_options(mode, backend, timeout, group_size, group_by)
+    options = dict(
+        mode=mode,
+        backend=backend,
+        timeout=timeout,
+        group_size=group_size,
+        group_by=group_by,
+        include=include,
+        exclude=exclude,
+        shared=shared,
+        allow_pickle=allow_pickle,
+        process_group=process_group,
+    )
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
-        binder = Binder(func, include=include, exclude=exclude, shared=shared)
-        if group_by is not None and group_by in binder.shared:
-            raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
-        spec = Spec(
-            fn=func,
-            name=getattr(func, "__qualname__", getattr(func, "__name__", repr(func))),
-            mode=mode,
-            timeout=float(timeout),
-            group_size=group_size,
-            group_by=group_by,
-            allow_pickle=allow_pickle,
-            binder=binder,
-        )
-
-        if inspect.iscoroutinefunction(func):
-            async_func = cast(Callable[..., Awaitable[Any]], func)
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                be = resolve_backend(backend, process_group)
-                if be.world_size == 1:
-                    return await async_func(*args, **kwargs)
-                return await _run_async(make_call(spec, get_link(be), args, kwargs), async_func)
-
-            wrapper: Callable[..., Any] = async_wrapper
-        else:
-
-            @functools.wraps(func)
-            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                be = resolve_backend(backend, process_group)
-                if be.world_size == 1:
-                    return func(*args, **kwargs)
-                return _run_sync(make_call(spec, get_link(be), args, kwargs), func)
-
-            wrapper = sync_wrapper
-        wrapper.__syncreward_spec__ = spec  # type: ignore[attr-defined]
-        return cast(Callable[P, R], wrapper)
+        return cast(Callable[P, R], wrap(func, MODES[mode], **options))  # type: ignore[arg-type]
 
     if fn is not None:
         return decorate(fn)
     return decorate
+
+
+def synced_rewards(
+    *fns: Callable[..., Any],
+    mode: Literal["main", "replicate"] = "main",
+    backend: str | Backend = "auto",
+    timeout: float = 1800.0,
+    include: Collection[str] | str | None = None,
+    exclude: Collection[str] | str = (),
+    shared: Collection[str] | str = (),
+    allow_pickle: bool = False,
+    process_group: Any = None,
+) -> tuple[Callable[..., Any], ...]:
+    """Sync several reward functions as a group: the columns they all receive travel once per step.
+
+    Each function becomes a synced reward exactly as with [`synced_reward`][syncreward.synced_reward]
+    (same name, signature, coroutine-ness, results, errors). In addition, a call whose per-sample
+    arguments are the very objects an earlier call of the group sent (TRL passes every reward of a step
+    the same lists), at the same training step, does not gather them again: it is scored on the global
+    columns that call gathered, and only its results travel. A call with other inputs gathers them as
+    usual. Pass new list objects for new data rather than refilling a list in place.
+
+    Args:
+        *fns: the reward functions, plain or ``async def``, in any order.
+        mode: ``"main"`` or ``"replicate"`` (see ``synced_reward``); shard mode has no group form.
+        backend: as for ``synced_reward``.
+        timeout: as for ``synced_reward``.
+        include: as for ``synced_reward``, for every member.
+        exclude: as for ``synced_reward``, for every member.
+        shared: as for ``synced_reward``, for every member.
+        allow_pickle: as for ``synced_reward``.
+        process_group: as for ``synced_reward``.
+
+    Returns:
+        The synced functions, in the order given.
+
+    Raises:
+        ValueError: invalid options, or no function given.
+
+    Examples:
+        Two rewards of a step; in a job the second is scored on what the first gathered (in one
+        process, as here, both are plain calls):
+
+        >>> from syncreward import synced_rewards
+        >>> def accuracy(completions, solution, **kwargs):
+        ...     return [float(c.strip() == s) for c, s in zip(completions, solution)]
+        >>> def brevity(completions, **kwargs):
+        ...     longest = max(len(c) for c in completions)
+        ...     return [1 - len(c) / longest for c in completions]
+        >>> accuracy, brevity = synced_rewards(accuracy, brevity)
+        >>> accuracy(["4", "5"], solution=["4", "4"]), brevity(["4", "55"])
+        ([1.0, 0.0], [0.5, 0.0])
+    """
+    if not fns:
+        raise ValueError("synced_rewards() needs at least one reward function")
+    if mode not in ("main", "replicate"):
+        raise ValueError(f"synced_rewards() takes mode='main' or 'replicate', not {mode!r}")
+    _check_options(mode, backend, timeout, None, None)
+    base = MODES[mode]
+    assert isinstance(base, GatherMode)
+    impl = GroupMode(base, RewardGroup())
+    return tuple(
+        wrap(
+            fn,
+            impl,
+            mode=mode,
+            backend=backend,
+            timeout=timeout,
+            group_size=None,
+            group_by=None,
+            include=include,
+            exclude=exclude,
+            shared=shared,
+            allow_pickle=allow_pickle,
+            process_group=process_group,
+        )
+        for fn in fns
+    )
+
+
+def wrap(
+    func: Any,
+    impl: ModeImpl,
+    *,
+    mode: str,
+    backend: str | Backend,
+    timeout: float,
+    group_size: int | None,
+    group_by: str | None,
+    include: Collection[str] | str | None,
+    exclude: Collection[str] | str,
+    shared: Collection[str] | str,
+    allow_pickle: bool,
+    process_group: Any,
+) -> Any:
+    """The synced wrapper of one function (options already checked); ``impl`` is the mode that runs its calls."""
+    if isinstance(func, (staticmethod, classmethod)):  # @synced_reward above @staticmethod / @classmethod
+        inner = wrap(
+            func.__func__,
+            impl,
+            mode=mode,
+            backend=backend,
+            timeout=timeout,
+            group_size=group_size,
+            group_by=group_by,
+            include=include,
+            exclude=exclude,
+            shared=shared,
+            allow_pickle=allow_pickle,
+            process_group=process_group,
+        )
+        return type(func)(inner)
+    binder = Binder(func, include=include, exclude=exclude, shared=shared)
+    if group_by is not None and group_by in binder.shared:
+        raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
+    spec = Spec(
+        fn=func,
+        name=_stable_name(func),
+        mode=mode,
+        timeout=float(timeout),
+        group_size=group_size,
+        group_by=group_by,
+        allow_pickle=allow_pickle,
+        binder=binder,
+        impl=impl,
+    )
+    if _is_async(func):
+        async_func = cast(Callable[..., Awaitable[Any]], func)
+
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if nested():  # inside a synced call the data is already global
+                return await async_func(*args, **kwargs)
+            be = resolve_backend(backend, process_group)
+            if be.world_size == 1:
+                return await async_func(*args, **kwargs)
+            return await call_async(spec, be, args, kwargs)
+
+        wrapper: Callable[..., Any] = async_wrapper
+    else:
+
+        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if nested():  # inside a synced call the data is already global
+                return func(*args, **kwargs)
+            be = resolve_backend(backend, process_group)
+            if be.world_size == 1:
+                return func(*args, **kwargs)
+            return call_sync(spec, be, args, kwargs)
+
+        wrapper = sync_wrapper
+    if inspect.isfunction(_unwrap(func)) or inspect.ismethod(_unwrap(func)):
+        functools.update_wrapper(wrapper, func)
+    else:  # a callable instance: its attributes stay on it, not on the wrapper
+        functools.update_wrapper(wrapper, func, assigned=("__module__", "__doc__"), updated=())
+    wrapper.__name__ = _display_name(func)
+    if not isinstance(getattr(func, "__qualname__", None), str):
+        wrapper.__qualname__ = wrapper.__name__
+    wrapper.__syncreward_spec__ = spec  # type: ignore[attr-defined]
+    return wrapper

@@ -107,7 +107,8 @@ def run_demo(ranks: int = 4, images: int = 8, generations: int = 4, seed: int = 
     per_rank = images // ranks
     batch = make_batch(images, generations, seed)
     reference = fidelity_reward(batch["scores"], batch["mos"], generations)
-    print(f"syncreward demo: VisualQuality-R1 fidelity reward on {ranks} local CPU ranks (torch.distributed, gloo)")
+    on = f"{ranks} local CPU rank{'s' if ranks > 1 else ''}"
+    print(f"syncreward demo: VisualQuality-R1 fidelity reward on {on} (torch.distributed, gloo)")
     print(f"{images} images x {generations} generations = {images * generations} completions, "
           f"{per_rank * generations} per rank, seed {seed}. Starting ranks...", flush=True)  # fmt: skip
     started = time.perf_counter()
@@ -117,11 +118,12 @@ def run_demo(ranks: int = 4, images: int = 8, generations: int = 4, seed: int = 
     header = ("rank", "images", "compared with (unsynced -> synced)", "max |unsynced - global|", "synced == reference",
               "ms/call")  # fmt: skip
     rows = []
-    all_equal, drift = True, 0.0
+    all_equal, drift, diffs = True, 0.0, []
     for r, res in enumerate(results):
         lo = r * per_rank * generations
         ref = np.asarray(reference[lo : lo + per_rank * generations])
         equal = bool(np.allclose(res["synced"], ref, rtol=1e-12, atol=0.0))
+        diffs.extend(np.abs(np.asarray(res["unsynced"]) - ref).tolist())
         diff = float(np.max(np.abs(np.asarray(res["unsynced"]) - ref)))
         all_equal &= equal
         drift = max(drift, diff)
@@ -144,9 +146,17 @@ def run_demo(ranks: int = 4, images: int = 8, generations: int = 4, seed: int = 
             )
         )
     print()
-    print(f"Unsynced: an image is compared only with the other images on its own rank ({per_rank - 1} instead of "
-          f"{images - 1}); rewards drift by up to {drift:.4f}.")  # fmt: skip
-    print(f"Synced: rewards equal the single-process reference on all {ranks} ranks: {all_equal}. "
+    if ranks == 1:
+        print("Unsynced: with one rank, the rank's batch is the global batch, so there is nothing to sync and no "
+              "drift. Run with --ranks 2 or more to see the difference.")  # fmt: skip
+        where = "the single rank"
+    else:
+        mean = sum(diffs) / len(diffs)
+        print(f"Unsynced: an image is compared only with the other images on its own rank ({per_rank - 1} instead of "
+              f"{images - 1}); the rewards, which lie between 0 and 1, drift from the global-batch rewards by up to "
+              f"{drift:.4f} ({100 * drift:.0f} % of that range; mean {mean:.4f}).")  # fmt: skip
+        where = f"all {ranks} ranks"
+    print(f"Synced: rewards equal the single-process reference on {where}: {all_equal}. "
           f"Median synced call {statistics.median(r['ms'] for r in results):.2f} ms "
           f"(whole run {elapsed:.1f} s, process start-up included).")  # fmt: skip
     return all_equal

@@ -1,20 +1,22 @@
 """The exceptions syncreward raises.
 
 Every error is raised on *every* rank of the group, so that no rank is left waiting in a collective
-that the others have abandoned. The tree::
+that the others have abandoned. The tree:
 
-    SyncRewardError                       base of everything below
-    ├── RemoteError                       the function (or its input) failed on another rank
-    ├── MismatchError                     ranks called different synced functions / schemas / order
-    ├── InputError (ValueError)           bad per-sample input: lengths disagree, unknown column, ...
-    │   └── ResultLengthError             the function returned the wrong number of results
-    ├── UnsupportedTypeError (TypeError)  a value the wire format cannot carry without pickle
-    ├── ColumnNotSyncedError (KeyError)   the function used a column that was not exchanged
-    ├── CodecError                        a payload that is not valid syncreward wire data
-    ├── BackendError (RuntimeError)       no usable backend / misconfigured distributed job
-    └── CommunicationError                the transport failed: a peer died or the group broke
-        ├── SyncTimeoutError (TimeoutError) a rank did not arrive within ``timeout``
-        └── GroupBrokenError              an earlier transport failure left the group unusable
+```text
+SyncRewardError                       base of everything below
+├── RemoteError                       the function (or its input) failed on another rank
+├── MismatchError                     ranks called different synced functions / schemas / order
+├── InputError (ValueError)           bad per-sample input: lengths disagree, unknown column, ...
+│   └── ResultLengthError             the function returned the wrong number of results
+├── UnsupportedTypeError (TypeError)  a value the wire format cannot carry without pickle
+├── ColumnNotSyncedError (KeyError)   the function used a column that was not exchanged
+├── CodecError                        a payload that is not valid syncreward wire data
+├── BackendError (RuntimeError)       no usable backend / misconfigured distributed job
+└── CommunicationError                the transport failed: a peer died or the group broke
+    ├── SyncTimeoutError (TimeoutError) a rank did not arrive within timeout=
+    └── GroupBrokenError              an earlier transport failure left the group unusable
+```
 
 Messages end with a ``HINT:`` saying what to do next where there is something to do.
 """
@@ -69,6 +71,10 @@ class RemoteError(SyncRewardError):
             f"--- traceback on rank {origin_rank} ---\n{remote_traceback.rstrip()}\n--- end of remote traceback ---"
         )
 
+    def __reduce__(self) -> tuple[object, ...]:  # pickled by Ray, multiprocessing: rebuild from the fields
+        fields = (self.origin_rank, self.exc_type, self.exc_message, self.remote_traceback)
+        return (_rebuild_remote_error, (*fields, self.function), self.__dict__)
+
 
 class MismatchError(SyncRewardError):
     """Ranks made different synced calls at the same point (different function, columns, mode or order)."""
@@ -115,6 +121,15 @@ class SyncTimeoutError(CommunicationError, TimeoutError):
     def __init__(self, message: str, missing_ranks: Sequence[int] = ()) -> None:
         self.missing_ranks = tuple(missing_ranks)
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (*self.args[:1], self.missing_ranks), self.__dict__)
+
+
+def _rebuild_remote_error(
+    origin_rank: int, exc_type: str, exc_message: str, remote_traceback: str, function: str
+) -> RemoteError:
+    return RemoteError(origin_rank, exc_type, exc_message, remote_traceback, function=function)
 
 
 class GroupBrokenError(CommunicationError):

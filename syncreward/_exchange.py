@@ -1,81 +1,48 @@
-"""The exchange protocol shared by every mode: call ordering, the header, collective failure.
+"""The collective procedures every mode shares, over a backend: the inbound exchange and failure reports.
 
-Every synced call on a rank gets a sequence number from its :class:`Link` (one per backend). A call
-goes through two *turns*: the inbound exchange on channel 0 and the outbound exchange on channel 1,
-each taken in sequence order. Because the turns are taken in order per channel and the channels are
-independent, two ``async`` synced rewards that TRL runs concurrently on one event loop issue their
-collectives in the same order on every rank, while their function bodies still overlap.
-
-Each inbound exchange starts with one ``all_to_all`` that gives every rank every other rank's fixed-size
-int64 header (and, in ``main``/``replicate``, the start of its payload -- see ``Call.exchange_header``)::
-
-    [version, seq, status, fingerprint, n_samples, payload_bytes, description_bytes, aux, drop_mask x4]
-
-From the header every rank knows every other rank's batch size and payload size (so any remainder of
-a payload moves in one exact-size ``all_to_all`` with no padding), whether some rank failed locally (then the error
-travels instead of the payload and every rank raises), and whether every rank is making the same
-call (function, mode and column schema fingerprint, and sequence number; if not, the descriptions
-travel and every rank raises :class:`MismatchError`).
+Each function here runs inside one turn of a session (see ``_session``) and returns its outcome as a
+value: what was received, or a :class:`~syncreward._session.Raise` that every rank raises -- because
+every rank decided it from the same gathered headers. The arithmetic (sizes, offsets, predictions)
+lives in ``_wire``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import threading
-import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import NoReturn
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from ._codec import decode_value, encode_value
-from ._errors import MismatchError, RemoteError, SyncTimeoutError
-from .backends import Backend
+from ._codec import decode_value
+from ._errors import CodecError, MismatchError, RemoteError
+from ._session import Raise, Session
+from ._wire import HEADER_BYTES, HEADER_LEN, VERSION, Dests, Headers, dropped_names, offsets, remainder_counts, split
 
-__all__ = ["Link", "get_link"]
-
-VERSION = 0x5352_0001
-H_VERSION, H_SEQ, H_STATUS, H_FP, H_N, H_SIZE, H_DESC, H_AUX, H_DROP = range(9)
-DROP_WORDS = 4
-HEADER_LEN = H_DROP + DROP_WORDS
-MAX_DROPPABLE = 63 * DROP_WORDS
-OK, FAILED = 0, 1
+__all__ = ["Inbound", "all_to_all", "broadcast_blobs", "exchange_inbound", "report_failures"]
 
 
-def fingerprint(text: str) -> int:
-    """A signed 64-bit hash of a call description, identical on every rank."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+def all_to_all(
+    session: Session,
+    send: bytes | bytearray | np.ndarray,
+    send_counts: Sequence[int],
+    recv_counts: Sequence[int],
+    channel: int,
+    timeout: float,
+) -> np.ndarray:
+    arr = send if isinstance(send, np.ndarray) else np.frombuffer(send, dtype=np.uint8)
+    return session.backend.all_to_all(arr, send_counts, recv_counts, channel=channel, timeout=timeout)
 
 
-def drop_mask(names: Sequence[str], dropped: Sequence[str]) -> list[int]:
-    """Bit mask (DROP_WORDS int64 words) of the ``dropped`` columns among the sorted column ``names``."""
-    words = [0] * DROP_WORDS
-    index = {n: i for i, n in enumerate(names)}
-    for name in dropped:
-        i = index[name]
-        words[i // 63] |= 1 << (i % 63)
-    return words
+def all_gather(session: Session, row: Sequence[int], channel: int, timeout: float) -> np.ndarray:
+    return session.backend.all_gather(np.asarray(row, dtype=np.int64), channel=channel, timeout=timeout)
 
 
-def dropped_names(names: Sequence[str], header: np.ndarray) -> frozenset[str]:
-    """Columns dropped on any rank, from the gathered headers."""
-    out = set()
-    for w in range(DROP_WORDS):
-        word = int(np.bitwise_or.reduce(header[:, H_DROP + w]))
-        for b in range(63):
-            if word >> b & 1 and w * 63 + b < len(names):
-                out.add(names[w * 63 + b])
-    return frozenset(out)
-
-
-def error_blob(exc: BaseException) -> bytes:
-    """Serialize an exception for the other ranks (plain data only: type name, message, traceback)."""
-    t = type(exc)
-    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-    out = bytearray()
-    encode_value({"type": name, "message": str(exc), "traceback": "".join(traceback.format_exception(exc))}, out)
-    return bytes(out)
+def broadcast_blobs(session: Session, blob: bytes, sizes: Sequence[int], channel: int, timeout: float) -> list[bytes]:
+    """Every rank sends its ``blob`` (``sizes[rank]`` bytes, may be empty) to every rank."""
+    w = session.world_size
+    buf = all_to_all(session, blob * w, [len(blob)] * w, sizes, channel, timeout)
+    return [b.tobytes() for b in split(buf, sizes)]
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -84,148 +51,132 @@ def _add_note(exc: BaseException, note: str) -> None:
         add(note)
 
 
-class Turnstile:
-    """Lets steps through strictly in sequence order (one per sequence number)."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._next = 0
-
-    @contextmanager
-    def turn(self, seq: int, timeout: float) -> Iterator[None]:
-        with self._cv:
-            if not self._cv.wait_for(lambda: self._next == seq, timeout):
-                raise SyncTimeoutError(
-                    f"synced call #{seq} waited {timeout:.0f}s for earlier synced calls on this rank to finish their "
-                    "exchange. HINT: an earlier async synced call may be stuck; check for a hung reward."
-                )
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._next = seq + 1
-                self._cv.notify_all()
-
-
-class Link:
-    """Per-backend state on this process: sequence numbers, turnstiles, adaptive result capacities."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.rank = backend.rank
-        self.world_size = backend.world_size
-        self.turns = (Turnstile(), Turnstile())
-        self.capacity: dict[int, int] = {}
-        # eager[s, d]: bytes of rank s's payload that ride to rank d in the header collective; identical
-        # on every rank, predicted from the previous call (see Call.exchange_header)
-        self.eager = np.zeros((self.world_size, self.world_size), dtype=np.int64)
-        self._seq = 0
-        self._lock = threading.Lock()
-
-    def next_seq(self) -> int:
-        with self._lock:
-            seq = self._seq
-            self._seq += 1
-        return seq
-
-    # ------------------------------------------------------------------------------------------ collectives
-
-    def all_gather(self, row: Sequence[int] | np.ndarray, channel: int, timeout: float) -> np.ndarray:
-        return self.backend.all_gather(np.asarray(row, dtype=np.int64), channel=channel, timeout=timeout)
-
-    def all_to_all(
-        self,
-        send: bytes | bytearray | np.ndarray,
-        send_counts: Sequence[int],
-        recv_counts: Sequence[int],
-        channel: int,
-        timeout: float,
-    ) -> np.ndarray:
-        arr = send if isinstance(send, np.ndarray) else np.frombuffer(send, dtype=np.uint8)
-        return self.backend.all_to_all(arr, send_counts, recv_counts, channel=channel, timeout=timeout)
-
-    def broadcast_blobs(self, blob: bytes, sizes: Sequence[int], channel: int, timeout: float) -> list[bytes]:
-        """Every rank sends its ``blob`` (``sizes[rank]`` bytes, may be empty) to every rank."""
-        w = self.world_size
-        buf = self.all_to_all(blob * w, [len(blob)] * w, sizes, channel, timeout)
-        out, pos = [], 0
-        for s in sizes:
-            out.append(buf[pos : pos + s].tobytes())
-            pos += s
-        return out
-
-    # ------------------------------------------------------------------------------------------ failure
-
-    def raise_failures(
-        self,
-        statuses: Sequence[int],
-        sizes: Sequence[int],
-        mine: BaseException | None,
-        blob: bytes,
-        channel: int,
-        timeout: float,
-        function: str,
-    ) -> NoReturn:
-        """Every rank learns every failure; the origin re-raises its own, the others raise RemoteError."""
-        failed = [r for r, s in enumerate(statuses) if s != OK]
-        sizes = [int(sizes[r]) if statuses[r] != OK else 0 for r in range(self.world_size)]
-        blobs = self.broadcast_blobs(blob if mine is not None else b"", sizes, channel, timeout)
-        if mine is not None:
-            others = [r for r in failed if r != self.rank]
-            if others:
-                _add_note(mine, f"syncreward: {function!r} also failed on rank(s) {others}")
-            raise mine
-        origin = failed[0]
+def report_failures(
+    session: Session,
+    statuses: Sequence[int],
+    sizes: Sequence[int],
+    mine: BaseException | None,
+    blob: bytes,
+    channel: int,
+    timeout: float,
+    function: str,
+) -> Raise:
+    """Every rank learns every failure: the origin re-raises its own, the others a :class:`RemoteError`."""
+    failed = [r for r, s in enumerate(statuses) if s]
+    sizes = [int(sizes[r]) if statuses[r] else 0 for r in range(session.world_size)]
+    blobs = broadcast_blobs(session, blob if mine is not None else b"", sizes, channel, timeout)
+    if mine is not None:
+        others = [r for r in failed if r != session.rank]
+        if others:
+            _add_note(mine, f"syncreward: {function!r} also failed on rank(s) {others}")
+        return Raise(mine)
+    origin = failed[0]
+    try:
         info = decode_value(blobs[origin])
         error = RemoteError(origin, info["type"], info["message"], info["traceback"], function=function)
-        if len(failed) > 1:
-            _add_note(error, f"syncreward: {function!r} also failed on rank(s) {failed[1:]}")
-        raise error
+    except (CodecError, KeyError, TypeError):
+        error = RemoteError(origin, "?", "<undecodable error report>", "", function=function)
+    if len(failed) > 1:
+        _add_note(error, f"syncreward: {function!r} also failed on rank(s) {failed[1:]}")
+    return Raise(error)
 
-    def raise_mismatch(self, header: np.ndarray, description: str, channel: int, timeout: float) -> NoReturn:
-        blobs = self.broadcast_blobs(description.encode(), [int(x) for x in header[:, H_DESC]], channel, timeout)
-        lines = [f"  rank {r}: {b.decode(errors='replace')}" for r, b in enumerate(blobs)]
-        raise MismatchError(
+
+def _mismatch(session: Session, headers: Headers, description: str, timeout: float) -> Raise:
+    blobs = broadcast_blobs(session, description.encode("utf-8", "backslashreplace"), headers.desc_sizes, 0, timeout)
+    lines = [f"  rank {r}: {b.decode(errors='replace')}" for r, b in enumerate(blobs)]
+    return Raise(
+        MismatchError(
             "ranks made different synced calls at the same point, so their batches cannot be combined:\n"
             + "\n".join(lines)
             + "\nHINT: every rank must call the same synced functions, in the same order, with the same per-sample "
-            "columns (same names and container types)."
+            "columns (same names and container types), at the same training step (a call made on some ranks only, "
+            "e.g. under `if rank == 0`, shifts every later call)."
         )
+    )
 
-    def check_header(
-        self,
-        header: np.ndarray,
-        mine: BaseException | None,
-        blob: bytes,
-        description: str,
-        channel: int,
-        timeout: float,
-        function: str,
-    ) -> None:
-        """Raise on every rank if any rank failed, or if the ranks are not making the same call."""
-        versions = set(header[:, H_VERSION].tolist())
-        if versions != {VERSION}:
-            raise MismatchError(
-                f"ranks run different syncreward wire versions ({sorted(hex(v) for v in versions)}). "
+
+@dataclass
+class Inbound:
+    """What every rank knows after the inbound exchange of a call."""
+
+    headers: Headers
+    counts: list[int]
+    offsets: list[int]
+    dropped: frozenset[str]
+    frames: dict[int, Any] = field(default_factory=dict)  # rank -> its complete payload, for the ranks sent here
+
+    @property
+    def total(self) -> int:
+        return self.offsets[-1]
+
+
+def exchange_inbound(
+    session: Session,
+    *,
+    header: bytes,
+    payload: bytes | bytearray,
+    dests: Dests | None,
+    error: BaseException | None,
+    blob: bytes,
+    description: str,
+    names: Sequence[str],
+    droppable: frozenset[str],
+    timeout: float,
+    function: str,
+) -> Inbound | Raise:
+    """Send every rank this rank's header plus the start of its payload to ``dests``; complete the payloads.
+
+    One ``all_to_all``: the block to rank ``d`` is the header followed by an *eager* chunk of the size the
+    session's predictor gives every rank for this pair (sizes every rank computes alike, so the collective
+    always matches). In the steady state the whole payload rides in it; the part that does not fit moves
+    in one more exact-size ``all_to_all``. Then, from the headers, every rank raises together if any rank
+    failed or the ranks are not making the same call.
+    """
+    w, me = session.world_size, session.rank
+    eager = session.predictor.predict()
+    mine = dests(me) if dests is not None and error is None else ()
+    send = bytearray()
+    send_counts = []
+    for d in range(w):
+        cap = int(eager[me, d])
+        chunk = payload[:cap] if d in mine else b""
+        send += header
+        send += chunk
+        send += bytes(cap - len(chunk))
+        send_counts.append(HEADER_BYTES + cap)
+    recv_counts = [HEADER_BYTES + int(eager[s, me]) for s in range(w)]
+    buf = all_to_all(session, send, send_counts, recv_counts, 0, timeout)
+    blocks = split(buf, recv_counts)
+    headers = Headers(np.stack([b[:HEADER_BYTES].view(np.int64) for b in blocks]).reshape(w, HEADER_LEN))
+    session.predictor.update(headers, dests)
+    if headers.versions != {VERSION}:
+        return Raise(
+            MismatchError(
+                f"ranks run different syncreward wire versions ({sorted(hex(v) for v in headers.versions)}). "
                 "HINT: install the same syncreward version on every node."
             )
-        statuses = header[:, H_STATUS].tolist()
-        if any(s != OK for s in statuses):
-            self.raise_failures(statuses, header[:, H_SIZE].tolist(), mine, blob, channel, timeout, function)
-        if len(set(header[:, H_FP].tolist())) > 1 or len(set(header[:, H_SEQ].tolist())) > 1:
-            self.raise_mismatch(header, description, channel, timeout)
-
-
-_links: dict[int, tuple[Backend, Link]] = {}
-_links_lock = threading.Lock()
-
-
-def get_link(backend: Backend) -> Link:
-    """The process-wide :class:`Link` of a backend (created on first use)."""
-    entry = _links.get(id(backend))
-    if entry is None or entry[0] is not backend:
-        with _links_lock:
-            entry = _links.get(id(backend))
-            if entry is None or entry[0] is not backend:
-                entry = _links[id(backend)] = (backend, Link(backend))
-    return entry[1]
+        )
+    problem = headers.problem()
+    if problem is not None:
+        return Raise(CodecError(f"{problem}. HINT: every rank must run the same syncreward version."))
+    if headers.failed:
+        return report_failures(session, headers.statuses, headers.sizes, error, blob, 0, timeout, function)
+    if not headers.agree:
+        return _mismatch(session, headers, description, timeout)
+    counts = headers.counts
+    inbound = Inbound(headers, counts, offsets(counts), dropped_names(names, droppable, headers.masks))
+    if dests is None:
+        return inbound
+    sizes = headers.sizes
+    for s in range(w):
+        if me in dests(s):
+            inbound.frames[s] = blocks[s][HEADER_BYTES : HEADER_BYTES + sizes[s]]
+    rest = remainder_counts(sizes, eager, dests)
+    if any(any(r) for r in rest):
+        out = b"".join(payload[int(eager[me, d]) :] if rest[me][d] else b"" for d in range(w) if d in mine)
+        recv = [rest[s][me] for s in range(w)]
+        parts = split(all_to_all(session, out, rest[me], recv, 0, timeout), recv)
+        for s in range(w):
+            if recv[s]:
+                inbound.frames[s] = inbound.frames[s].tobytes() + parts[s].tobytes()
+    return inbound

@@ -30,6 +30,29 @@ Example:
             assert [x for part in got for x in part] == expected
 
     ``fn``, its arguments and its return values must be picklable (define ``fn`` at module level).
+
+:func:`run_threads` has the same contract but runs the ranks as ``world_size`` *threads* of this process,
+each with its own :class:`ThreadBackend` (an in-memory implementation of :class:`syncreward.Backend`):
+no processes, no ports, a few milliseconds per call -- fast enough for property tests. Inside ``fn``,
+synced rewards with the default ``backend="auto"`` use that thread's rank. The fake exchange checks the
+protocol too (receive counts must match the senders' send counts), times out with
+:class:`~syncreward.SyncTimeoutError`, and a rank that raises breaks the group so the others fail fast.
+Use :func:`run_ranks` for what needs real processes (``torch.distributed``, fork, signals).
+
+Example:
+    The same test on 3 thread-ranks; ``fn`` may be a closure::
+
+        from syncreward import synced_reward
+        from syncreward.testing import run_threads
+
+        @synced_reward
+        def centred(completions, **kwargs):
+            mean = sum(map(len, completions)) / len(completions)
+            return [len(c) - mean for c in completions]
+
+        batches = [["a", "bb"], [], ["ccc", "dddd", "eeeee"]]
+        got = run_threads(lambda rank, world_size: centred(batches[rank]), 3, timeout=10)
+        assert got == [[-2.0, -1.0], [], [0.0, 1.0, 2.0]]
 """
 
 from __future__ import annotations
@@ -43,12 +66,18 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["RanksFailed", "free_port", "run_ranks"]
+import numpy as np
+
+from ._errors import CommunicationError, GroupBrokenError, SyncTimeoutError
+from .backends import _context_backend
+
+__all__ = ["RanksFailed", "ThreadBackend", "ThreadGroup", "free_port", "run_ranks", "run_threads"]
 
 _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
@@ -216,3 +245,166 @@ def run_ranks(
     if failures:
         raise RanksFailed(f"{len(failures)} of {world_size} ranks failed", failures)
     return [pickle.loads(outcome[r][1]) for r in range(world_size)]
+
+
+# --------------------------------------------------------------------------------------------- thread-ranks
+
+
+class _Channel:
+    def __init__(self, world_size: int) -> None:
+        self.barrier = threading.Barrier(world_size)
+        self.slots: list[Any] = [None] * world_size
+        self.ops = [0] * world_size  # exchanges entered, per rank: who is missing at a timeout
+        self.broken: str | None = None
+
+
+class ThreadGroup:
+    """The shared state of ``world_size`` thread-ranks: per channel, one barrier and one slot table.
+
+    Attributes:
+        violations: protocol violations seen (``(rank, message)``); :func:`run_threads` fails on any.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.violations: list[tuple[int, str]] = []
+        self._channels = (_Channel(world_size), _Channel(world_size))
+        self._aborted: str | None = None
+
+    def backends(self) -> list[ThreadBackend]:
+        """One :class:`ThreadBackend` per rank."""
+        return [ThreadBackend(self, r) for r in range(self.world_size)]
+
+    def abort(self, reason: str) -> None:
+        """Break the group: every rank waiting in (or later entering) an exchange raises."""
+        self._aborted = self._aborted or reason
+        for ch in self._channels:
+            ch.barrier.abort()
+
+    def exchange(self, channel: int, rank: int, item: Any, timeout: float) -> list[Any]:
+        """Post ``item`` and return every rank's item, in rank order (all ranks must call it)."""
+        ch = self._channels[channel]
+        if ch.broken is not None:
+            raise GroupBrokenError(f"thread-rank group is unusable after an earlier failure ({ch.broken})")
+        ch.slots[rank] = item
+        ch.ops[rank] += 1
+        op = ch.ops[rank]
+        try:
+            ch.barrier.wait(timeout)
+            got = list(ch.slots)
+            ch.barrier.wait(timeout)  # nobody overwrites a slot before everyone has read it
+        except threading.BrokenBarrierError:
+            if self._aborted is not None:
+                ch.broken = self._aborted
+                raise CommunicationError(f"thread-rank group aborted on rank {rank}: {self._aborted}") from None
+            missing = [r for r in range(self.world_size) if ch.ops[r] < op]
+            ch.broken = f"an exchange timed out on rank {rank}"
+            raise SyncTimeoutError(
+                f"exchange on channel {channel} timed out after {timeout}s on rank {rank}: rank(s) {missing} "
+                "did not reach it",
+                missing,
+            ) from None
+        return got
+
+    def violation(self, rank: int, message: str) -> CommunicationError:
+        self.violations.append((rank, message))
+        return CommunicationError(f"protocol violation on rank {rank}: {message}")
+
+
+class ThreadBackend:
+    """One thread-rank's view of a :class:`ThreadGroup`; implements :class:`syncreward.Backend`."""
+
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group = group
+        self._rank = rank
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    def __repr__(self) -> str:
+        return f"ThreadBackend(rank={self._rank}, world_size={self.world_size})"
+
+    def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
+        if row.dtype != np.int64 or row.ndim != 1:
+            raise self.group.violation(self._rank, f"all_gather of a {row.dtype} array of shape {row.shape}")
+        rows = self.group.exchange(channel, self._rank, row.copy(), timeout)
+        if len({len(r) for r in rows}) != 1:
+            raise self.group.violation(self._rank, f"all_gather rows of lengths {[len(r) for r in rows]}")
+        return np.stack(rows)
+
+    def all_to_all(
+        self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], *, channel: int, timeout: float
+    ) -> np.ndarray:
+        me, w = self._rank, self.world_size
+        if send.dtype != np.uint8 or len(send) != sum(send_counts) or len(send_counts) != w or len(recv_counts) != w:
+            raise self.group.violation(me, f"all_to_all of {send.dtype}[{len(send)}], send counts {list(send_counts)}")
+        item = (send.copy(), [int(c) for c in send_counts])
+        parts = []
+        for s, (buf, counts) in enumerate(self.group.exchange(channel, me, item, timeout)):
+            if counts[me] != int(recv_counts[s]):
+                raise self.group.violation(
+                    me, f"rank {s} sends {counts[me]} bytes to rank {me}, which expects {int(recv_counts[s])}"
+                )
+            start = sum(counts[:me])
+            parts.append(buf[start : start + counts[me]])
+        return np.concatenate(parts)
+
+
+def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` threads of this process; return their results.
+
+    Each thread is one rank with its own :class:`ThreadBackend` of a fresh :class:`ThreadGroup`; synced
+    rewards called with ``backend="auto"`` inside ``fn`` (also from coroutines it runs) use it.
+
+    Args:
+        fn: any callable (a closure is fine: nothing is pickled).
+        world_size: number of ranks (threads).
+        *args: extra arguments passed to every rank.
+        timeout: seconds for the whole run; then the group is aborted and the stacks of the ranks still
+            running are reported.
+
+    Returns:
+        The values ``fn`` returned, in rank order.
+
+    Raises:
+        RanksFailed: a rank raised or did not finish in time, or a rank broke the exchange protocol; holds
+            every failing rank's traceback (for a hung rank, its current stack).
+    """
+    group = ThreadGroup(world_size)
+    backends = group.backends()
+    results: list[Any] = [None] * world_size
+    failures: dict[int, str] = {}
+
+    def run(rank: int) -> None:
+        _context_backend.set(backends[rank])  # a new thread starts in an empty context
+        try:
+            results[rank] = fn(rank, world_size, *args)
+        except BaseException as e:
+            failures[rank] = "".join(traceback.format_exception(e))
+            group.abort(f"rank {rank} raised {type(e).__name__}")
+
+    threads = [
+        threading.Thread(target=run, args=(r,), name=f"syncreward-rank{r}", daemon=True) for r in range(world_size)
+    ]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    frames = sys._current_frames()
+    for r, t in enumerate(threads):
+        if t.is_alive():
+            stack = "".join(traceback.format_stack(frames[t.ident])) if t.ident in frames else "(no frame)\n"
+            failures[r] = f"rank did not finish within {timeout:.0f}s; its stack:\n{stack}"
+    if any(t.is_alive() for t in threads):
+        group.abort("run_threads gave up")  # releases ranks blocked in an exchange
+    for r, message in group.violations:
+        failures[r] = f"{failures.get(r, '')}exchange protocol violation: {message}\n"
+    if failures:
+        raise RanksFailed(f"{len(failures)} of {world_size} ranks failed", failures)
+    return results

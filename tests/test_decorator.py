@@ -34,6 +34,7 @@ def test_public_api_is_pinned() -> None:
             "GroupBrokenError", "InputError", "MismatchError", "NotSynced", "RemoteError", "ResultLengthError",
             "SyncRewardError", "SyncTimeoutError", "UnsupportedTypeError", "__version__", "resolve_backend",
             "synced_reward",
+            "synced_rewards",
         ]
     )
 
@@ -88,7 +89,7 @@ def test_single_process_torch_job_is_a_direct_call(monkeypatch: pytest.MonkeyPat
         ({"mode": "shard", "group_size": 2, "group_by": "x"}, "exactly one of group_size"),
         ({"mode": "shard", "group_size": 0}, "positive int"),
         ({"group_size": 4}, "only apply to mode='shard'"),
-        ({"timeout": 0}, "timeout must be positive"),
+        ({"timeout": 0}, "timeout must be a number of seconds"),
         ({"backend": "nccl"}, "unknown backend"),
         ({"shared": ["solution"], "exclude": ["solution"]}, "both shared and"),
         ({"mode": "shard", "group_by": "trainer_state"}, "shared argument"),

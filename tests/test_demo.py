@@ -77,6 +77,18 @@ def test_demo_runs() -> None:
         assert r[8] == "True"  # synced == reference
         assert float(r[9]) > 0.0  # ms per call
     assert "rewards equal the single-process reference on all 2 ranks: True" in out
+    assert "which lie between 0 and 1, drift from the global-batch rewards by up to" in out  # a drift with a scale
+
+
+@pytest.mark.multiprocess
+def test_demo_one_rank() -> None:
+    done = _cli("demo", "--ranks", "1", "--images", "3", "--generations", "2", timeout=90)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "fidelity reward on 1 local CPU rank (" in out
+    assert "nothing to sync" in out
+    assert "instead of" not in out
+    assert "reference on the single rank: True" in out
 
 
 def test_help() -> None:

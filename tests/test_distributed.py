@@ -14,7 +14,7 @@ from _helpers import outcome as _outcome
 
 import syncreward
 from syncreward import synced_reward
-from syncreward._exchange import get_link
+from syncreward._session import session_for
 from syncreward.testing import run_ranks
 
 pytestmark = pytest.mark.multiprocess
@@ -380,7 +380,7 @@ def counting_body(rank: int, world_size: int) -> dict[str, Any]:
             counts["n"] = 0
             f(**b)
             out[name].append(counts["n"])
-        out[name + "_eager"] = get_link(backend).eager.tolist()
+        out[name + "_eager"] = session_for(backend).predictor.predict().tolist()
     return out
 
 

@@ -1,7 +1,8 @@
-"""The documentation site builds in strict mode (broken links and missing pages fail)."""
+"""The documentation site builds in strict mode (broken links and missing pages fail) and renders as intended."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +12,45 @@ import pytest
 ROOT = Path(__file__).parent.parent
 
 
-def test_mkdocs_strict_build(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
+    out = tmp_path_factory.mktemp("docs") / "site"
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert (tmp_path / "site" / "api" / "index.html").read_text().count("synced_reward") > 3
+    return out
+
+
+def test_mkdocs_strict_build(site: Path) -> None:
+    assert (site / "api" / "index.html").read_text().count("synced_reward") > 3
+
+
+def test_api_reference_renders_cross_references_not_sphinx_roles(site: Path) -> None:
+    html = (site / "api" / "index.html").read_text()
+    text = re.sub(r"<[^>]+>", "", html)
+    assert not re.search(r":(class|func|meth|attr|exc):", text), re.findall(r".{60}:(?:class|func|meth):.{60}", text)
+    assert "DEFAULT_TIMEOUT" not in text  # the default is shown by value
+    assert "1800" in text
+    assert '"ray"' in text or "&quot;ray&quot;" in html
+    assert 'href="#syncreward.Backend"' in html  # a cross-reference, not inline code
+    assert "language-pycon" in html or 'class="highlight"' in html  # the docstring example renders as code
+
+
+def test_code_is_highlighted_and_edit_links_point_at_main(site: Path) -> None:
+    page = (site / "guides" / "torchrun" / "index.html").read_text()
+    assert '<div class="highlight">' in page  # pymdownx.highlight (Pygments), no CDN script needed
+    assert "/edit/main/docs/" in page
+    assert "/edit/master/" not in page
+
+
+def test_troubleshooting_errors_reach_the_sidebar(site: Path) -> None:
+    page = (site / "troubleshooting" / "index.html").read_text()
+    sidebar = page.split('id="toc-collapse"', 1)[1].split("</div>", 1)[0]
+    assert sidebar.count('data-bs-level="3"') >= 10, sidebar[:2000]

@@ -1,7 +1,7 @@
 """The templates in examples/: synced on local ranks == the plain function on the concatenated batch.
 
 One 3-rank launch runs the four reward templates (groups are cut at rank boundaries: 20 rows over 3 ranks);
-the torchrun and accelerate loops run under their real launchers; one template runs as a script.
+the torchrun and accelerate loops and the TRL example run under their real launchers; one template runs as a script.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,9 +100,14 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _launch(cmd: list[str], timeout: float = 150) -> str:
+def _launch(cmd: list[str], timeout: float = 150, env: dict[str, str] | None = None) -> str:
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_clean_env(), start_new_session=True
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**_clean_env(), **(env or {})},
+        start_new_session=True,
     )
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -146,5 +152,59 @@ def test_accelerate_loop() -> None:
 @pytest.mark.multiprocess
 def test_template_runs_as_script() -> None:
     out = _launch([sys.executable, str(EXAMPLES / "diversity.py"), "--ranks", "2"], timeout=120)
-    assert "2 ranks, diversity rewards per prompt:" in out
+    assert "2 ranks, diversity rewards per prompt" in out
+    assert "per-rank scoring differs from the global-batch rewards by up to" in out
     assert "synced == single-process reference: True" in out
+
+
+# Offline and on CPU ranks even on a GPU machine: nothing may be downloaded.
+TRL_ENV = {
+    "CUDA_VISIBLE_DEVICES": "",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "WANDB_MODE": "disabled",
+}
+
+
+def _first_call_blocks(out: str) -> dict[tuple[int, str], dict[str, list[float]]]:
+    """{(rank, reward): {"prompt_id": [...], "per-rank": [...], "synced": [...]}} from the example's output."""
+    blocks = {}
+    for m in re.finditer(
+        r"^rank (\d) (\w+) +prompt_id \[([\d, ]*)\]\n  per-rank \[([^\]]*)\]\n  synced   \[([^\]]*)\]$", out, re.M
+    ):
+        blocks[int(m.group(1)), m.group(2)] = {
+            "prompt_id": [float(x) for x in m.group(3).split(",")],
+            "per-rank": [float(x) for x in m.group(4).split(",")],
+            "synced": [float(x) for x in m.group(5).split(",")],
+        }
+    return blocks
+
+
+@pytest.mark.trl
+@pytest.mark.multiprocess
+def test_trl_grpo_example() -> None:
+    pytest.importorskip("trl")
+    out = _launch(
+        [str(BIN / "torchrun"), "--nproc_per_node", "2", "--nnodes", "1", "--master_addr", "127.0.0.1",
+         "--master_port", str(free_port()), str(EXAMPLES / "trl_grpo.py")],
+        timeout=300,
+        env=TRL_ENV,
+    )  # fmt: skip
+    assert "generation batch: 12 completions = 3 prompts x 4, 6 per rank" in out, out[-4000:]
+    assert "trained 2 steps on 2 ranks" in out, out[-4000:]
+    assert out.split().count("done") == 1, out[-4000:]  # words, not lines: rank 1 may write between them
+    assert "terminate called" not in out  # the example tears the process group down
+    blocks = _first_call_blocks(out)
+    assert set(blocks) == {(r, f) for r in (0, 1) for f in ("relative_brevity", "judge_rank")}, out[-4000:]
+    assert blocks[0, "judge_rank"]["prompt_id"] == [0, 0, 0, 0, 1, 1]  # prompt 1 is split 2 + 2
+    assert blocks[1, "judge_rank"]["prompt_id"] == [1, 1, 2, 2, 2, 2]
+    # Synced, prompt 1's four completions are ranked together: 0, 1/3, 2/3, 1 across the two ranks. Per rank,
+    # each rank ranks its two alone: 0 and 1 on both.
+    split = lambda key: sorted(blocks[0, "judge_rank"][key][4:] + blocks[1, "judge_rank"][key][:2])  # noqa: E731
+    assert split("synced") == pytest.approx([0, 0.33, 0.67, 1], abs=0.01)
+    assert split("per-rank") == [0, 0, 1, 1]
+    # Synced, the brevity reward is centred on the whole generation batch.
+    synced = blocks[0, "relative_brevity"]["synced"] + blocks[1, "relative_brevity"]["synced"]
+    assert abs(sum(synced)) < 0.05

@@ -1,9 +1,10 @@
 """Every sample gets its own result: property tests on an in-process fake backend (W ranks as W threads).
 
-Spawning processes per example would take minutes, so the ranks here are threads of this process, each
-with its own :class:`FakeBackend` implementing the :class:`syncreward.Backend` protocol with barrier-based
-collectives (two independent channels, as the protocol requires). The backend also checks the protocol
-itself: an ``all_to_all`` whose receive counts disagree with the senders' send counts fails the test.
+Spawning processes per example would take minutes, so the ranks here are threads of this process
+(:func:`syncreward.testing.run_threads`), each with its own :class:`~syncreward.testing.ThreadBackend`
+implementing the :class:`syncreward.Backend` protocol with barrier-based collectives (two independent
+channels, as the protocol requires). The backend also checks the protocol itself: an ``all_to_all``
+whose receive counts disagree with the senders' send counts fails the test.
 
 For random world sizes 1-4, per-rank sizes 0-20 and random schemas mixing str, int, float, bool, None,
 nested lists, tuples, dicts, numpy arrays/scalars and tensors (as whole columns and as per-sample
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -29,121 +29,14 @@ from hypothesis import strategies as st
 from test_codec import same
 
 import syncreward
-from syncreward import Backend, CommunicationError, GroupBrokenError, SyncTimeoutError, synced_reward
+from syncreward import Backend, SyncTimeoutError, synced_reward
+from syncreward.testing import ThreadGroup, run_threads
 
 EXAMPLES = int(os.environ.get("SYNCREWARD_PROPERTY_EXAMPLES", "200"))  # >= 200 in CI; raise it for a deep local run
 
-# --------------------------------------------------------------------------------------------- fake backend
 
-
-class _Channel:
-    def __init__(self, world_size: int) -> None:
-        self.barrier = threading.Barrier(world_size)
-        self.slots: list[Any] = [None] * world_size
-        self.broken = False
-
-    def exchange(self, rank: int, item: Any, timeout: float) -> list[Any]:
-        if self.broken:
-            raise GroupBrokenError("fake group is broken after an earlier timeout")
-        self.slots[rank] = item
-        try:
-            self.barrier.wait(timeout)
-            got = list(self.slots)
-            self.barrier.wait(timeout)  # nobody overwrites a slot before everyone has read it
-        except threading.BrokenBarrierError:
-            self.broken = True
-            raise SyncTimeoutError(f"fake exchange timed out after {timeout}s on rank {rank}") from None
-        return got
-
-
-class FakeGroup:
-    """The shared state of W thread-ranks: one barrier and one slot table per channel."""
-
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
-        self.channels = [_Channel(world_size), _Channel(world_size)]
-        self.calls = Counter[str]()
-        self.lock = threading.Lock()
-
-    def backends(self) -> list[FakeBackend]:
-        return [FakeBackend(self, r) for r in range(self.world_size)]
-
-
-class FakeBackend:
-    """One rank's view of a :class:`FakeGroup`; implements :class:`syncreward.Backend`."""
-
-    def __init__(self, group: FakeGroup, rank: int) -> None:
-        self.group = group
-        self._rank = rank
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self.group.world_size
-
-    def _count(self, what: str) -> None:
-        with self.group.lock:
-            self.group.calls[what] += 1
-
-    def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
-        assert row.dtype == np.int64, row.dtype
-        assert row.ndim == 1, row.shape
-        self._count(f"all_gather/{channel}")
-        rows = self.group.channels[channel].exchange(self._rank, row.copy(), timeout)
-        if len({len(r) for r in rows}) != 1:
-            raise CommunicationError(f"all_gather rows of different lengths: {[len(r) for r in rows]}")
-        return np.stack(rows)
-
-    def all_to_all(
-        self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], *, channel: int, timeout: float
-    ) -> np.ndarray:
-        assert send.dtype == np.uint8, send.dtype
-        assert len(send) == sum(send_counts), (len(send), send_counts)
-        self._count(f"all_to_all/{channel}")
-        items = self.group.channels[channel].exchange(
-            self._rank, (send.copy(), [int(c) for c in send_counts], [int(c) for c in recv_counts]), timeout
-        )
-        me = self._rank
-        parts = []
-        for s, (buf, counts, _) in enumerate(items):
-            if counts[me] != int(recv_counts[s]):
-                raise CommunicationError(
-                    f"protocol violation: rank {s} sends {counts[me]} bytes to rank {me}, "
-                    f"which expects {recv_counts[s]}"
-                )
-            start = sum(counts[:me])
-            parts.append(buf[start : start + counts[me]])
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
-
-
-def run_threads(world_size: int, body: Callable[[int, FakeBackend], Any], timeout: float = 60.0) -> list[Any]:
-    """Run ``body(rank, backend)`` on W threads; return ``("ok", value)`` or ``(exc_type_name, exc)`` per rank."""
-    group = FakeGroup(world_size)
-    backends = group.backends()
-    out: list[Any] = [("missing", None)] * world_size
-
-    def run(rank: int) -> None:
-        try:
-            out[rank] = ("ok", body(rank, backends[rank]))
-        except BaseException as e:
-            out[rank] = (type(e).__name__, e)
-
-    threads = [threading.Thread(target=run, args=(r,), name=f"fake-rank{r}", daemon=True) for r in range(world_size)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    hung = [t.name for t in threads if t.is_alive()]
-    assert not hung, f"thread-ranks still running after {timeout}s: {hung}"
-    return out
-
-
-def test_fake_backend_implements_the_protocol() -> None:
-    (backend,) = FakeGroup(1).backends()
+def test_thread_backend_implements_the_protocol() -> None:
+    (backend,) = ThreadGroup(1).backends()
     assert isinstance(backend, Backend)
 
 
@@ -347,12 +240,12 @@ def make_reward(mode: str, result_kind: str, group_size: int | None, key_counts:
     return reward
 
 
-def decorate(mode: str, fn: Callable[..., Any], backend: Any, group_size: int | None) -> Callable[..., Any]:
+def decorate(mode: str, fn: Callable[..., Any], group_size: int | None) -> Callable[..., Any]:
     if mode == "shard_size":
-        return synced_reward(mode="shard", group_size=group_size, backend=backend, timeout=30)(fn)
+        return synced_reward(mode="shard", group_size=group_size, timeout=30)(fn)
     if mode == "shard_by":
-        return synced_reward(mode="shard", group_by="key", backend=backend, timeout=30)(fn)
-    return synced_reward(mode=mode, backend=backend, timeout=30)(fn)  # type: ignore[arg-type]
+        return synced_reward(mode="shard", group_by="key", timeout=30)(fn)
+    return synced_reward(mode=mode, timeout=30)(fn)  # type: ignore[arg-type]
 
 
 def check_example(
@@ -368,13 +261,12 @@ def check_example(
     total = len(gids)
     fn = make_reward(mode, result_kind, group_size, key_counts)
 
-    def body(rank: int, backend: FakeBackend) -> Any:
+    def body(rank: int, world_size: int) -> Any:
         b = batches[rank]
-        return decorate(mode, fn, backend, group_size)(b["gid"], key=b["key"], **b["cols"])
+        return decorate(mode, fn, group_size)(b["gid"], key=b["key"], **b["cols"])
 
-    results = run_threads(world_size, body)
-    for rank, (status, value) in enumerate(results):
-        assert status == "ok", f"rank {rank} raised {status}: {value}"
+    results = run_threads(body, world_size)
+    for rank, value in enumerate(results):
         b = batches[rank]
         if mode.startswith("shard") and total == 0 and world_size > 1:
             assert value == []  # documented: nobody scores an empty global batch in shard mode
@@ -462,8 +354,8 @@ def test_concurrent_async_calls_keep_their_samples_apart(
     sizes = sizes[:world_size]
     total = sum(sizes)
 
-    def body(rank: int, backend: FakeBackend) -> Any:
-        fns = [synced_reward(mode=m, backend=backend, timeout=30)(_areward) for m in modes]
+    def body(rank: int, world_size: int) -> Any:
+        fns = [synced_reward(mode=m, timeout=30)(_areward) for m in modes]
         start = sum(sizes[:rank])
         comps = [f"s{start + i}" for i in range(sizes[rank])]
 
@@ -479,9 +371,8 @@ def test_concurrent_async_calls_keep_their_samples_apart(
 
         return asyncio.run(go())
 
-    results = run_threads(world_size, body)
-    for rank, (status, value) in enumerate(results):
-        assert status == "ok", value
+    results = run_threads(body, world_size)
+    for rank, value in enumerate(results):
         start = sum(sizes[:rank])
         for j in range(3):
             assert value[j] == [(f"s{start + i}", (j, start + i), total) for i in range(sizes[rank])]
@@ -506,13 +397,12 @@ def test_unit_fixed_batch_matches_the_oracle(mode: str) -> None:
     flat = [c for b in batches for c in b]
     extra = {"group_size": 2} if mode == "shard" else {}
 
-    def body(rank: int, backend: FakeBackend) -> Any:
-        f = synced_reward(mode=mode, backend=backend, timeout=10, **extra)(_plain)  # type: ignore[call-overload]
+    def body(rank: int, world_size: int) -> Any:
+        f = synced_reward(mode=mode, timeout=10, **extra)(_plain)  # type: ignore[call-overload]
         return [f(batches[rank]) for _ in range(3)]
 
-    results = run_threads(3, body)
-    for rank, (status, value) in enumerate(results):
-        assert status == "ok", value
+    results = run_threads(body, 3)
+    for rank, value in enumerate(results):
         if mode == "shard":  # each group of 2 is scored alone
             want = [float(len(c)) + 0.02 for c in batches[rank]]
         else:
@@ -525,8 +415,8 @@ def test_unit_failure_on_one_rank_raises_everywhere_then_recovers(mode: str) -> 
     extra = {"group_size": 1} if mode == "shard" else {}
     failing_rank = 0 if mode == "main" else 2
 
-    def body(rank: int, backend: FakeBackend) -> Any:
-        f = synced_reward(mode=mode, backend=backend, timeout=10, **extra)(_fails_on)  # type: ignore[call-overload]
+    def body(rank: int, world_size: int) -> Any:
+        f = synced_reward(mode=mode, timeout=10, **extra)(_fails_on)  # type: ignore[call-overload]
         out = []
         for fail in (rank == failing_rank, False):
             try:
@@ -535,8 +425,7 @@ def test_unit_failure_on_one_rank_raises_everywhere_then_recovers(mode: str) -> 
                 out.append((type(e).__name__, getattr(e, "origin_rank", None)))
         return out
 
-    for rank, (status, value) in enumerate(run_threads(3, body)):
-        assert status == "ok", value
+    for rank, value in enumerate(run_threads(body, 3)):
         if rank == failing_rank:
             assert value[0] == ("ValueError", None)
         else:
@@ -548,9 +437,9 @@ def test_unit_mismatch_and_timeout_on_fake_backend() -> None:
     def other(completions: Any, **kwargs: Any) -> list[float]:
         return [0.0] * len(completions)
 
-    def body(rank: int, backend: FakeBackend) -> Any:
-        f = synced_reward(backend=backend, timeout=1.0)(_plain)
-        g = synced_reward(backend=backend, timeout=1.0)(other)
+    def body(rank: int, world_size: int) -> Any:
+        f = synced_reward(timeout=1.0)(_plain)
+        g = synced_reward(timeout=1.0)(other)
         out = []
         try:
             (f if rank == 0 else g)(["x"])
@@ -565,9 +454,8 @@ def test_unit_mismatch_and_timeout_on_fake_backend() -> None:
             out.append(("SyncTimeoutError", time.perf_counter() - t0))
         return out
 
-    results = run_threads(3, body)
-    for rank, (status, value) in enumerate(results):
-        assert status == "ok", value
+    results = run_threads(body, 3)
+    for rank, value in enumerate(results):
         assert value[0] == ("MismatchError", True)
         assert value[1] == [1.03]
         if rank != 1:

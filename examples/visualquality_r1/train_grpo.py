@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     trainer.train()
     trainer.save_model(args.output_dir)
+    trainer.accelerator.end_training()  # destroys the process group: always tear down a distributed job
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 ``backend="auto"`` (the default) resolves *at call time*, in this order:
 
 1. an explicit backend object or name passed to ``synced_reward`` (``"local"``, ``"torch"``,
-   ``"accelerate"``, ``"ray"``);
+   ``"accelerate"``, ``"ray"``); else, inside :func:`syncreward.testing.run_threads`, the thread-rank's
+   own backend;
 2. ``"ray"`` if this process joined exactly one Ray group with ``syncreward.backends.ray.join()``.
    Being inside a Ray actor is never enough on its own (the group, rank and size are unknown until
    ``join()``); and if ``torch.distributed`` (or accelerate) is *also* initialised -- e.g. under Ray
@@ -20,6 +21,8 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
+from contextvars import ContextVar
 from typing import Any
 
 from .._errors import BackendError
@@ -29,6 +32,8 @@ from .local import LocalBackend
 __all__ = ["Backend", "LocalBackend", "resolve_backend"]
 
 _LOCAL = LocalBackend()
+# set by syncreward.testing.run_threads: the thread-rank's backend, which "auto" resolves to first
+_context_backend: ContextVar[Backend | None] = ContextVar("syncreward_context_backend", default=None)
 _cache: dict[tuple[str, int, int], Any] = {}
 _keepalive: dict[tuple[str, int, int], Any] = {}
 
@@ -78,15 +83,49 @@ def _release() -> None:
 atexit.register(_release)
 
 
+_cache_lock = threading.Lock()
+_forked_from: int | None = None  # pid of the parent, when this process was forked from a distributed job
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from, _cache_lock
+    _cache_lock = threading.Lock()  # another thread may have held it at the fork
+    if _torch_active() or _forked_from is not None:
+        _forked_from = os.getppid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_not_forked(kind: str) -> None:
+    if _forked_from is not None:
+        raise BackendError(
+            f"a synced call (backend {kind!r}) was made in a process forked (pid {os.getpid()}) from a rank of a "
+            f"distributed job (pid {_forked_from}); the child cannot take part in the job's exchanges and must not "
+            "touch its process groups. HINT: make synced calls in the training process itself, not in fork-started "
+            "workers (a DataLoader's workers, multiprocessing with the fork start method)."
+        )
+
+
 def _cached(kind: str, process_group: Any, make: Any) -> Any:
-    """One backend per (kind, job, process group): a re-initialised job gets fresh groups."""
+    """One backend per (kind, job, process group): a re-initialised job gets fresh groups.
+
+    Created under a lock, so two threads making their first call at once share one backend (two would
+    create two sets of gloo groups, which the other ranks would pair up wrongly).
+    """
     import torch.distributed as dist
 
+    _check_not_forked(kind)
     key = (kind, id(dist.group.WORLD), id(process_group))
     backend = _cache.get(key)
     if backend is None:
-        backend = _cache[key] = make()
-        _keepalive[key] = (process_group, dist.group.WORLD)  # keep the ids in the key from being reused
+        with _cache_lock:
+            backend = _cache.get(key)
+            if backend is None:
+                backend = make()
+                _keepalive[key] = (process_group, dist.group.WORLD)  # keep the ids in the key from being reused
+                _cache[key] = backend
     return backend
 
 
@@ -107,6 +146,9 @@ def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
             raise BackendError(f"backend={spec!r} is neither a backend name nor an object with the Backend protocol")
         return spec
     if spec == "auto":
+        override = _context_backend.get()
+        if override is not None:
+            return override
         ray_groups = _ray_joined() if process_group is None else []
         if process_group is not None:
             spec = "torch"

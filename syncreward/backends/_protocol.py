@@ -18,18 +18,26 @@ class Backend(Protocol):
     order per ``channel``; the two channels (0 and 1) must be independent (operations on one may
     interleave with operations on the other), which lets concurrent ``async`` synced calls overlap.
 
-    An implementation raises :class:`~syncreward.SyncTimeoutError` when the others do not arrive within
-    ``timeout`` seconds, :class:`~syncreward.CommunicationError` when the transport fails, and
-    :class:`~syncreward.GroupBrokenError` for every call after such a failure.
+    An implementation raises [`SyncTimeoutError`][syncreward.SyncTimeoutError] when the others do not
+    arrive within ``timeout`` seconds and [`CommunicationError`][syncreward.CommunicationError] when the
+    transport fails. It need not remember failures: syncreward stops using a backend after any such
+    error (every later call raises [`GroupBrokenError`][syncreward.GroupBrokenError] without touching
+    it).
 
     Example:
-        A third-party backend needs no base class::
+        A third-party backend needs no base class (this one is a group of one rank):
 
-            class MyBackend:
-                rank = 0
-                world_size = 1
-                def all_gather(self, row, *, channel, timeout): return row[None, :]
-                def all_to_all(self, send, send_counts, recv_counts, *, channel, timeout): return send
+        ```python
+        class MyBackend:
+            rank = 0
+            world_size = 1
+
+            def all_gather(self, row, *, channel, timeout):
+                return row[None, :]
+
+            def all_to_all(self, send, send_counts, recv_counts, *, channel, timeout):
+                return send
+        ```
     """
 
     @property

@@ -9,26 +9,33 @@ channel), so
 * the job's collectives and syncreward's cannot be interleaved into a deadlock.
 
 Waiting is done in short slices. Between slices the backend checks an *abort* key in the job's
-rendezvous store, which a rank sets as soon as its transport fails (a peer died), so every rank raises
-within a fraction of a second instead of waiting for the process-group timeout. When ``timeout``
-expires, the ranks that did arrive record so in the store, and the error names the ones that did not.
+rendezvous store, which a rank sets as soon as its transport fails (a peer died) or it gives up
+waiting, so every rank raises within a fraction of a second instead of waiting for the process-group
+timeout. When ``timeout`` expires, the ranks that did arrive record so in the store, and the error
+names the ones that did not. A rank that starts an exchange after a long pause (longer than half the
+timeout) first looks at the abort key too: the others may have given up on it while it was away, and
+it must raise with them rather than complete a half-abandoned exchange.
+
+Every failure of the lower layer is translated in one place, :func:`_translate`; the session above
+(not this backend) remembers that the group broke.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError
+from .._errors import BackendError, CommunicationError, SyncTimeoutError
 
 __all__ = ["TorchDistributedBackend"]
 
@@ -38,6 +45,32 @@ _POLL_S = 0.2  # how often a waiting rank looks for an abort from a peer
 _GRACE_S = 2.0  # how long a timed-out rank waits for the others to report in, to name the missing ones
 _GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
 _WORK_TIMEOUT_MESSAGE = "Operation timed out!"  # c10d::Work::wait(timeout) when the slice expires
+_NEW_GROUP_ARGS = set(inspect.signature(dist.new_group).parameters)  # group_desc= is torch >= 2.4
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _is_timeout(e: BaseException) -> bool:
+    text = str(e).lower()
+    return isinstance(e, TimeoutError) or "timed out" in text or "timeout" in text
+
+
+def _translate(e: BaseException, what: str, rank: int) -> CommunicationError:
+    """The one mapping from torch.distributed / gloo failures to syncreward's errors."""
+    message = _first_line(e)
+    if _is_timeout(e):
+        return SyncTimeoutError(
+            f"syncreward {what} timed out on rank {rank}: {message}. HINT: a rank did not arrive in time (hung, "
+            "still busy, dead, or it skipped this synced call); raise timeout= if the scoring rank legitimately "
+            "takes longer. The group is now unusable."
+        )
+    return CommunicationError(
+        f"syncreward {what} failed on rank {rank}: {message}. HINT: a peer process probably died or was killed "
+        "(look for its traceback or an OOM kill); the group is now unusable."
+    )
 
 
 def _timedelta(seconds: float) -> datetime.timedelta:
@@ -71,8 +104,8 @@ class TorchDistributedBackend:
         )
         self._groups: list[Any] | None = None
         self._store: Any = None
-        self._broken: str | None = None
         self._ops = [0, 0]
+        self._last_done = time.monotonic()
         self._init_lock = threading.Lock()
 
     @property
@@ -94,11 +127,6 @@ class TorchDistributedBackend:
         self._store = None
 
     def _channel(self, channel: int, timeout: float) -> Any:
-        if self._broken is not None:
-            raise GroupBrokenError(
-                f"syncreward's process group is unusable after an earlier failure ({self._broken}). "
-                "HINT: the job's ranks are no longer in step; restart the job (torchrun --max-restarts can do it)."
-            )
         if self._groups is None:
             with self._init_lock:
                 if self._groups is None:
@@ -107,7 +135,12 @@ class TorchDistributedBackend:
 
     def _create_groups(self, timeout: float) -> list[Any]:
         t0 = time.perf_counter()
+        store = self._default_store()
+        if store is not None:  # so that a rank that gives up can say who never came
+            with contextlib.suppress(Exception):
+                store.set(f"syncreward/arrived-setup/{self._ranks[self._rank]}", "1")
         try:
+            extra: dict[str, Any] = {"group_desc": "syncreward"} if "group_desc" in _NEW_GROUP_ARGS else {}
             groups = [
                 dist.new_group(
                     ranks=self._ranks,
@@ -115,26 +148,43 @@ class TorchDistributedBackend:
                     # the rendezvous has no wait loop of ours around it: its own timeout is the user's
                     timeout=_timedelta(timeout),
                     use_local_synchronization=True,
-                    group_desc=f"syncreward_channel{c}",
+                    **extra,
                 )
-                for c in (0, 1)
+                for _ in (0, 1)
             ]
-        except Exception as e:  # gloo rendezvous failed: a rank never arrived
-            self._broken = f"creating the gloo group failed: {e}"
+        except Exception as e:
+            if not _is_timeout(e):
+                raise _translate(e, "setting up its gloo group", self._rank) from e
+            missing = self._missing_at_setup(store)
+            who = f"rank(s) {missing} never made a synced call" if missing else "the other ranks did not arrive"
             raise SyncTimeoutError(
-                f"could not set up syncreward's gloo group over ranks {self._ranks} within {timeout:.0f}s: {e}. "
-                "HINT: every rank of the group must make the same synced calls."
+                f"syncreward could not set up its gloo group over ranks {self._ranks} within {timeout:.0f}s on rank "
+                f"{self._rank}: {who}. HINT: every rank of the group must make the same synced calls; raise "
+                "timeout= if some ranks legitimately start much later.",
+                missing,
             ) from e
+        if store is not None:
+            self._store = dist.PrefixStore(f"syncreward/{groups[0].group_name}/", store)  # type: ignore[attr-defined]
+        log.debug("created syncreward gloo groups over %s in %.3fs", self._ranks, time.perf_counter() - t0)
+        return groups
+
+    @staticmethod
+    def _default_store() -> Any:
         try:
             from torch.distributed.distributed_c10d import _get_default_store
 
-            name = groups[0].group_name
-            self._store = dist.PrefixStore(f"syncreward/{name}/", _get_default_store())  # type: ignore[attr-defined]
+            return _get_default_store()
         except Exception:  # pragma: no cover - private API moved; fall back to timeouts only
             log.debug("no rendezvous store available; peer failures surface at the timeout", exc_info=True)
-            self._store = None
-        log.debug("created syncreward gloo groups over %s in %.3fs", self._ranks, time.perf_counter() - t0)
-        return groups
+            return None
+
+    def _missing_at_setup(self, store: Any) -> list[int]:
+        if store is None:
+            return []
+        try:
+            return [r for r, g in enumerate(self._ranks) if not store.check([f"syncreward/arrived-setup/{g}"])]
+        except Exception:
+            return []
 
     # ------------------------------------------------------------------------------------------ collectives
 
@@ -161,15 +211,27 @@ class TorchDistributedBackend:
         what: str,
     ) -> np.ndarray:
         group = self._channel(channel, timeout)
+        if time.monotonic() - self._last_done > timeout / 2 and self._check_peers(what):
+            # the others gave up on this rank while it was away: raise with them, never complete the exchange
+            raise CommunicationError(
+                f"syncreward {what} on rank {self._rank}: the other ranks timed out waiting for this rank "
+                f"({self._peer_abort()}) before it arrived. HINT: this rank was busy for longer than timeout= "
+                f"({timeout:.1f}s), e.g. a slow reward or work between synced calls; raise timeout=. The group is now "
+                "unusable."
+            )
         out = torch.empty(int(sum(recv_counts)), dtype=torch.uint8)
         opts = dist.AllToAllOptions()
         opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
         if not send.flags.writeable:  # torch.from_numpy warns on read-only arrays (gloo only reads it)
             send = send.copy()
-        work = group.alltoall_base(
-            out, torch.from_numpy(send), [int(c) for c in recv_counts], [int(c) for c in send_counts], opts
-        )
+        try:
+            work = group.alltoall_base(
+                out, torch.from_numpy(send), [int(c) for c in recv_counts], [int(c) for c in send_counts], opts
+            )
+        except RuntimeError as e:
+            self._fail(what, e)
         self._wait(work, channel, timeout, what)
+        self._last_done = time.monotonic()
         return out.numpy()
 
     # ------------------------------------------------------------------------------------------ waiting
@@ -187,36 +249,37 @@ class TorchDistributedBackend:
                 if _WORK_TIMEOUT_MESSAGE not in str(e):
                     self._fail(what, e)
             slice_s = _POLL_S
-            reason = self._peer_abort()
-            if reason is not None:
-                self._broken = f"rank {reason}"
-                raise CommunicationError(
-                    f"syncreward exchange aborted on rank {self._rank}: the transport failed on rank {reason}. "
-                    "HINT: a peer process probably died; see its log. The group is now unusable."
-                )
-            if time.monotonic() >= deadline:
+            if self._check_peers(what) or time.monotonic() >= deadline:  # a peer gave up: so do we, naming who
                 self._timed_out(channel, timeout, what)
 
-    def _fail(self, what: str, e: BaseException) -> None:
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        self._broken = f"{what} failed on rank {self._rank}: {message}"
+    def _fail(self, what: str, e: BaseException) -> NoReturn:
         if self._store is not None:
             # the store lives in rank 0's process; it may be the one that died
             with contextlib.suppress(Exception):
-                self._store.set("abort", f"{self._rank} ({message})")
+                self._store.set("abort", f"F{self._rank} ({_first_line(e)})")
+        raise _translate(e, what, self._rank) from e
+
+    def _check_peers(self, what: str) -> bool:
+        """Raise if a peer's transport failed; return whether a peer gave up waiting (timed out)."""
+        reason = self._peer_abort()
+        if reason is None:
+            return False
+        if reason.startswith("T"):
+            return True
         raise CommunicationError(
-            f"syncreward {what} failed on rank {self._rank}: {message}. HINT: a peer process probably died or "
-            "was killed (look for its traceback or an OOM kill); the group is now unusable."
-        ) from e
+            f"syncreward {what} aborted on rank {self._rank}: the transport failed on rank {reason[1:]}. HINT: a peer "
+            "process probably died; see its log. The group is now unusable."
+        )
 
     def _peer_abort(self) -> str | None:
+        """The abort record of the group: ``F<rank> (why)`` (transport failure) or ``T<rank> ...`` (gave up)."""
         if self._store is None:
             return None
         try:
             if self._store.check(["abort"]):
                 return bytes(self._store.get("abort")).decode(errors="replace")
         except Exception:  # store unreachable: rank 0 is gone
-            return "0 (the rendezvous store hosted by rank 0 is unreachable)"
+            return "F0 (the rendezvous store hosted by rank 0 is unreachable)"
         return None
 
     def _timed_out(self, channel: int, timeout: float, what: str) -> None:
@@ -224,6 +287,9 @@ class TorchDistributedBackend:
         missing: list[int] = []
         if self._store is not None:
             try:
+                # first of all, so that a rank arriving now raises with us instead of completing the exchange
+                if self._peer_abort() is None:
+                    self._store.set("abort", f"T{self._rank} gave up after waiting {timeout:.1f}s")
                 self._store.set(f"arrived/{channel}/{self._rank}", str(op))
                 end = time.monotonic() + _GRACE_S
                 while True:
@@ -232,10 +298,12 @@ class TorchDistributedBackend:
                         break
                     time.sleep(0.05)
                 # a rank that arrives later must not wait out its own timeout for ranks that gave up
-                self._store.set("abort", f"{self._rank} (timed out after {timeout:.1f}s waiting for rank(s) {missing})")
+                if (self._peer_abort() or "T").startswith("T"):
+                    self._store.set(
+                        "abort", f"T{self._rank} timed out after {timeout:.1f}s waiting for rank(s) {missing}"
+                    )
             except Exception:
                 missing = []
-        self._broken = f"{what} timed out after {timeout:.1f}s on rank {self._rank}"
         who = f"rank(s) {missing} did not reach it" if missing else "the other ranks did not complete it"
         raise SyncTimeoutError(
             f"syncreward {what} timed out after {timeout:.1f}s on rank {self._rank}: {who} (hung, still busy, "

@@ -1,0 +1,111 @@
+"""TRL's ``log_extra`` / ``log_metric`` inside a synced reward: recorded where it scores, replayed per rank.
+
+TRL passes every reward ``log_extra(column, values)`` (one value per sample, shown in the completions
+table) and ``log_metric(name, value)``. A synced reward is scored on a batch that is not the rank's
+own, so its calls are *recorded* where it runs, sliced to each rank's own samples, sent back with the
+results, and *replayed* on every rank with that rank's slice -- so every rank logs the same keys and
+the completions table stays row-aligned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._binding import Bound
+from ._errors import InputError
+
+__all__ = ["Logs", "Record"]
+
+Record = tuple[str, str, Any]  # ("extra", column, values) or ("metric", name, value)
+
+
+def _caller_function(bound: Bound | None, name: str) -> Callable[..., Any] | None:
+    """The caller's own ``log_extra``/``log_metric``, if the call passed one (named or through ``**kwargs``)."""
+    if bound is None:
+        return None
+    args = bound.arguments.arguments
+    value = args.get(name)
+    if value is None:
+        for pname, v in args.items():
+            if bound.arguments.signature.parameters[pname].kind.name == "VAR_KEYWORD":
+                value = v.get(name)
+    return value if callable(value) else None
+
+
+class Logs:
+    """The log calls of one synced call."""
+
+    def __init__(self, bound: Bound | None, function: str) -> None:
+        self.function = function
+        self.extra = _caller_function(bound, "log_extra")
+        self.metric = _caller_function(bound, "log_metric")
+        self.records: list[Record] = []
+
+    def recording(self) -> dict[str, Any]:
+        """Stand-ins that record the function's log calls (the caller's are replayed later)."""
+        proxies: dict[str, Any] = {}
+        if self.extra is not None:
+            proxies["log_extra"] = lambda column, values: self.records.append(("extra", column, list(values)))
+        if self.metric is not None:
+            proxies["log_metric"] = lambda name, value: self.records.append(("metric", name, value))
+        return proxies
+
+    def forwarding(self, lo: int, hi: int, total: int) -> dict[str, Any]:
+        """``log_extra`` that forwards only samples ``lo:hi`` of ``total`` (every rank scores the whole batch)."""
+        real = self.extra
+        if real is None:
+            return {}
+
+        def log_extra(column: str, values: Sequence[Any]) -> None:
+            self._check(column, values, total)
+            real(column, list(values)[lo:hi])
+
+        return {"log_extra": log_extra}
+
+    def _check(self, column: str, values: Sequence[Any], n: int) -> None:
+        if len(values) != n:
+            raise InputError(
+                f"log_extra({column!r}, values) was called with {len(values)} values inside synced function "
+                f"{self.function!r}, which scores {n} samples here; pass one value per sample."
+            )
+
+    def check(self, n: int) -> None:
+        """Every recorded ``log_extra`` has one value per scored sample."""
+        for kind, key, value in self.records:
+            if kind == "extra":
+                self._check(key, value, n)
+
+    def rows(self, rows: slice | Sequence[int]) -> list[Record]:
+        """The records as the owner of the given scored rows replays them (metrics whole, extras sliced)."""
+        out: list[Record] = []
+        for kind, key, value in self.records:
+            if kind == "extra":
+                value = value[rows] if isinstance(rows, slice) else [value[i] for i in rows]
+            out.append((kind, key, value))
+        return out
+
+    def replay(self, records: Sequence[Sequence[Any]]) -> None:
+        """Call the caller's own log functions with records received from the scoring rank(s)."""
+        for kind, key, value in records:
+            fn = self.extra if kind == "extra" else self.metric
+            if fn is not None:
+                fn(key, value)
+
+    def replay_scattered(self, n: int, parts: Sequence[tuple[Sequence[int], Sequence[Sequence[Any]]]]) -> None:
+        """Replay records from several scoring ranks: ``parts`` pairs the local rows each one scored with its records.
+
+        Metrics are replayed as they come; the ``log_extra`` values of one column are put back into local
+        sample order (rows no scoring rank logged stay ``None``) and replayed once per column.
+        """
+        extras: dict[str, list[Any]] = {}
+        for local_rows, records in parts:
+            for kind, key, value in records:
+                if kind == "metric":
+                    self.replay([(kind, key, value)])
+                    continue
+                col = extras.setdefault(key, [None] * n)
+                for i, v in zip(local_rows, value, strict=True):
+                    col[i] = v
+        for key, col in extras.items():
+            self.replay([("extra", key, col)])

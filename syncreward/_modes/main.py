@@ -1,0 +1,139 @@
+"""``mode="main"``: the whole batch goes to rank 0, which scores it once and sends every rank its slice.
+
+Two collectives per call in the steady state: the inbound exchange (every header, with each rank's
+payload riding to rank 0 in its eager chunk) and the outbound exchange (each rank's result block, of a
+size predicted per function from its previous call). One more each way when a payload or a result
+outgrows its prediction (always on a function's first call).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._batch import rebuild_result, result_columns, take
+from .._codec import Column, decode_frame, decode_value, encode_frame, is_plain
+from .._errors import CodecError, MismatchError, RemoteError
+from .._exchange import Inbound, all_to_all
+from .._logs import Logs
+from .._session import Raise
+from .._wire import FAILED, OK, ResultChunk, error_blob
+from ._base import Call, GatherMode, Scoring
+
+__all__ = ["MainMode"]
+
+ROOT = 0
+
+
+class MainMode(GatherMode):
+    name = "main"
+
+    def prepare(self, call: Call) -> None:
+        if call.rank != ROOT:
+            call.encode()
+            return
+        # Rank 0 scores its own columns as passed and sends nothing: it skips encoding, but refuses what the
+        # other ranks refuse (a named column of non-plain data) and leaves behind what they leave behind.
+        assert call.bound is not None
+        for col in call.bound.columns:
+            if call.spec.allow_pickle or is_plain(col.values, col.container):
+                continue
+            if col.name in call.droppable:
+                call.dropped_local.append(col.name)
+            else:
+                encode_frame([col], call.bound.n)  # raises the codec's UnsupportedTypeError for this column
+
+    def dests(self, src: int, world_size: int) -> tuple[int, ...]:
+        return () if src == ROOT else (ROOT,)
+
+    def scores_here(self, call: Call) -> bool:
+        return call.rank == ROOT
+
+    def proxies(self, call: Call, logs: Logs, inbound: Inbound) -> dict[str, Any]:
+        return logs.recording()
+
+    def outbound(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
+        if call.rank == ROOT:
+            return self._send(call, scoring, result, error)
+        return self._receive(call, scoring)
+
+    def _send(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
+        session, inbound, logs = call.session, scoring.state, scoring.logs
+        assert logs is not None
+        w, counts, offsets = call.world_size, inbound.counts, inbound.offsets
+        bodies: dict[int, bytes | bytearray] = {}
+        own: Any = None
+        if error is None:
+            try:
+                keys, cols = result_columns(result, inbound.total, call.spec.name)
+                logs.check(inbound.total)
+                for r in range(w):
+                    rows = slice(offsets[r], offsets[r + 1])
+                    part = [Column(c.name, c.container, take(c.values, c.container, rows)) for c in cols]
+                    if r == ROOT:
+                        own = (rebuild_result(keys, part, None), logs.rows(rows))
+                        continue
+                    meta = {"keys": keys, "logs": logs.rows(rows)} if keys is not None or logs.records else None
+                    bodies[r] = encode_frame(part, counts[r], allow_pickle=call.spec.allow_pickle, meta=meta)
+            except Exception as e:
+                error = e
+        if error is not None:
+            blob = error_blob(error)
+            bodies = {r: blob for r in range(w) if r != ROOT}
+        status = OK if error is None else FAILED
+        caps = session.result_caps  # what the previous blocks announced, pair by pair
+        if status == OK:
+            session.result_predictor.update(call.fp, {r: len(b) for r, b in bodies.items()}, counts)
+        nxt = session.result_predictor.next_capacities(counts)
+        overflow = any(len(bodies[r]) > caps[r] - ResultChunk.HEADER for r in bodies)
+        send = bytearray()
+        send_counts = [0] * w
+        for r in bodies:
+            send += ResultChunk(status, overflow, nxt[r], len(bodies[r]), call.fp, call.seq).pack(bodies[r], caps[r])
+            send_counts[r] = caps[r]
+        all_to_all(session, send, send_counts, [0] * w, 1, call.timeout)
+        if overflow:
+            tails = {r: bodies[r][caps[r] - ResultChunk.HEADER :] for r in bodies}
+            rest_counts = [len(tails.get(r, b"")) for r in range(w)]
+            all_to_all(session, b"".join(tails.values()), rest_counts, [0] * w, 1, call.timeout)
+        session.result_caps = nxt
+        if error is not None:
+            return Raise(error)
+        try:
+            logs.replay(own[1])
+        except Exception as e:
+            return Raise(e)
+        return own[0]
+
+    def _receive(self, call: Call, scoring: Scoring) -> Any:
+        session, inbound = call.session, scoring.state
+        w, me = call.world_size, call.rank
+        cap = session.result_caps[me]
+        buf = all_to_all(session, b"", [0] * w, [cap if s == ROOT else 0 for s in range(w)], 1, call.timeout)
+        chunk = ResultChunk.unpack(buf.data)
+        body = buf[ResultChunk.HEADER : ResultChunk.HEADER + min(chunk.body_bytes, cap - ResultChunk.HEADER)].tobytes()
+        if chunk.overflow:
+            rest = max(0, chunk.body_bytes - (cap - ResultChunk.HEADER))
+            recv = [rest if s == ROOT else 0 for s in range(w)]
+            body += all_to_all(session, b"", [0] * w, recv, 1, call.timeout).tobytes()
+        session.result_caps[me] = chunk.next_capacity
+        try:
+            if (chunk.fp, chunk.seq) != (call.fp, call.seq):
+                return Raise(
+                    MismatchError(
+                        f"rank {ROOT} sent the results of another synced call than this rank's {call.description}. "
+                        "HINT: every rank must call the same synced functions in the same order."
+                    )
+                )
+            if chunk.status != OK:
+                info = decode_value(body)
+                return Raise(
+                    RemoteError(ROOT, info["type"], info["message"], info["traceback"], function=call.spec.name)
+                )
+            nrows, cols, meta = decode_frame(body, allow_pickle=call.spec.allow_pickle)
+            if nrows != inbound.counts[me]:
+                raise CodecError(f"rank {ROOT} sent {nrows} results for {inbound.counts[me]} samples")
+            meta = meta or {}
+            Logs(call.bound, call.spec.name).replay(meta.get("logs", ()))
+            return rebuild_result(meta.get("keys"), cols, call.device())
+        except Exception as e:  # everything was exchanged: a local failure, the session stays usable
+            return Raise(e)

@@ -1,0 +1,267 @@
+"""``mode="shard"``: whole groups spread over the ranks, each rank scores its share.
+
+For expensive rewards that only compare samples *within* a group (a judge that ranks the K completions
+of one prompt). Groups are consecutive runs of ``group_size`` global samples (TRL's ``num_generations``)
+or the samples sharing a value of the ``group_by`` column. Groups go to ranks in contiguous blocks of
+about equal sample counts, so a group split across ranks by the sampler is scored whole, and the
+results are routed back to the ranks that own the samples.
+
+Several ranks score, so their results must agree in shape before they are put together: every scoring
+rank announces a signature of its result (dict keys, containers, dtypes) in the outbound exchange, and
+if two differ every rank raises. Dict results are matched by key, never by position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .._batch import concat, rebuild_result, result_columns, result_signature, take
+from .._codec import C_LIST, C_TUPLE, Column, decode_frame, encode_frame
+from .._errors import CodecError, InputError
+from .._exchange import all_gather, all_to_all, broadcast_blobs, exchange_inbound, report_failures
+from .._logs import Logs
+from .._session import Raise
+from .._wire import FAILED, OK, error_blob, split
+from ._base import Call, Mode, Scoring
+
+__all__ = ["ShardMode", "assign_by_key", "assign_by_size"]
+
+
+def assign_by_size(total: int, group_size: int, world_size: int) -> list[int]:
+    """The scoring rank of every global sample when groups are ``group_size`` consecutive samples."""
+    if total % group_size:
+        raise InputError(
+            f"mode='shard' with group_size={group_size}: the global batch has {total} samples, which is not a "
+            f"whole number of groups. HINT: group_size must divide the global batch (TRL: num_generations)."
+        )
+    groups = total // group_size
+    return [(i // group_size) * world_size // max(groups, 1) for i in range(total)]
+
+
+def assign_by_key(keys: Sequence[Any], world_size: int, column: str) -> list[int]:
+    """The scoring rank of every global sample when a group is the samples sharing a key."""
+    first: dict[Any, int] = {}
+    size: dict[Any, int] = {}
+    try:
+        for k in keys:
+            first.setdefault(k, len(first))
+            size[k] = size.get(k, 0) + 1
+    except TypeError:
+        raise InputError(
+            f"mode='shard' with group_by={column!r}: its values must be hashable (str, int, tuple, ...)"
+        ) from None
+    total = len(keys)
+    dest: dict[Any, int] = {}
+    start = 0
+    for k in first:  # groups in order of first appearance, contiguous blocks of ~total/world_size samples
+        dest[k] = min(world_size - 1, int((start + size[k] / 2) * world_size / max(total, 1)))
+        start += size[k]
+    return [dest[k] for k in keys]
+
+
+class _Shard:
+    """One call's routing: which rank scores each sample, what goes where."""
+
+    def __init__(self, dest: list[int], counts: list[int], offsets: list[int], rank: int, world_size: int) -> None:
+        self.dest = dest
+        local = dest[offsets[rank] : offsets[rank + 1]]
+        self.sent = [[i for i, d in enumerate(local) if d == dst] for dst in range(world_size)]  # my rows, per scorer
+        # the rows this rank scores, as (source rank, count) in rank order
+        self.share = {s: dest[offsets[s] : offsets[s + 1]].count(rank) for s in range(world_size)}
+        self.share = {s: n for s, n in self.share.items() if n}
+        self.key_frame: bytes | bytearray = b""
+
+
+class ShardMode(Mode):
+    name = "shard"
+
+    def prepare(self, call: Call) -> None:
+        assert call.bound is not None
+        by = call.spec.group_by
+        if by is not None and by not in call.names:
+            raise InputError(f"group_by={by!r} is not a per-sample argument of this call (columns: {call.names})")
+        # Drop decisions and encodability are checked on the full local frame; the frames actually sent are
+        # cut per destination once the assignment is known.
+        call.encode()
+        if by is not None:
+            col = next(c for c in call.bound.columns if c.name == by)
+            call.frame = encode_frame([col], call.bound.n)  # only the group keys travel before the assignment
+        else:
+            call.frame = b""
+
+    # ------------------------------------------------------------------------------------------ inbound
+
+    def inbound(self, call: Call) -> Scoring | Raise:
+        session, w, me = call.session, call.world_size, call.rank
+        key_frame = bytes(call.frame) if call.error is None else b""
+        got = exchange_inbound(
+            session,
+            header=call.header(0, len(key_frame)),
+            payload=b"",
+            dests=None,
+            error=call.error,
+            blob=call.blob,
+            description=call.description,
+            names=call.names,
+            droppable=call.droppable,
+            timeout=call.timeout,
+            function=call.spec.name,
+        )
+        if isinstance(got, Raise):
+            return got
+        call.dropped = got.dropped
+        error: BaseException | None = None
+        frames = [b""] * w
+        try:
+            if call.spec.group_size is not None:
+                dest = assign_by_size(got.total, call.spec.group_size, w)
+            else:
+                dest = self._assign_by_key(call, key_frame, got.headers.aux, got.counts)
+            plan = _Shard(dest, got.counts, got.offsets, me, w)
+            frames = self._frames(call, plan)
+        except Exception as e:
+            error = e
+        blob = error_blob(error) if error is not None else b""
+        sizes = all_gather(
+            session, [OK if error is None else FAILED, len(blob), *(len(f) for f in frames)], 0, call.timeout
+        )
+        statuses = [int(x) for x in sizes[:, 0]]
+        if any(statuses):
+            return report_failures(
+                session, statuses, sizes[:, 1].tolist(), error, blob, 0, call.timeout, call.spec.name
+            )
+        send_counts = [0 if d == me else len(frames[d]) for d in range(w)]
+        recv_counts = [0 if s == me else int(sizes[s, 2 + me]) for s in range(w)]
+        buf = all_to_all(
+            session, b"".join(frames[d] for d in range(w) if d != me), send_counts, recv_counts, 0, call.timeout
+        )
+        logs = Logs(call.bound, call.spec.name)
+        scoring = Scoring(scores=bool(plan.share), logs=logs, state=(got, plan))
+        if scoring.scores:
+            try:
+                parts = dict(enumerate(split(buf, recv_counts)))
+                values = call.merge(parts, plan.share, lambda v, c: take(v, c, plan.sent[me]))
+                assert call.bound is not None
+                scoring.args, scoring.kwargs = call.bound.call_args({**values, **logs.recording()}, call.dropped)
+            except Exception as e:
+                scoring.error = e
+        return scoring
+
+    def _assign_by_key(self, call: Call, key_frame: bytes, sizes: list[int], counts: list[int]) -> list[int]:
+        keys: list[Any] = []
+        for s, blob in enumerate(broadcast_blobs(call.session, key_frame, sizes, 0, call.timeout)):
+            nrows, cols, _ = decode_frame(blob)
+            if nrows != counts[s] or len(cols) != 1:
+                raise CodecError(f"rank {s} sent a malformed group_by column")
+            values = cols[0].values
+            keys.extend(values.tolist() if hasattr(values, "tolist") else values)
+        return assign_by_key(keys, call.world_size, str(call.spec.group_by))
+
+    def _frames(self, call: Call, plan: _Shard) -> list[bytes]:
+        assert call.bound is not None
+        cols = [c for c in call.bound.columns if c.name not in call.dropped]
+        frames = []
+        for d, idx in enumerate(plan.sent):
+            if d == call.rank or not idx:
+                frames.append(b"")
+                continue
+            part = [Column(c.name, c.container, take(c.values, c.container, idx)) for c in cols]
+            frames.append(bytes(encode_frame(part, len(idx), allow_pickle=call.spec.allow_pickle)))
+        return frames
+
+    # ------------------------------------------------------------------------------------------ outbound
+
+    def outbound(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
+        session, w, me = call.session, call.world_size, call.rank
+        _, plan = scoring.state
+        logs = scoring.logs
+        assert logs is not None
+        frames: list[bytes] = [b""] * w
+        own: tuple[list[Column], dict[str, Any]] | None = None
+        signature = 0
+        if error is None and scoring.scores:
+            try:
+                n = sum(plan.share.values())
+                keys, cols = result_columns(result, n, call.spec.name)
+                signature = result_signature(keys, cols)
+                logs.check(n)
+                pos = 0
+                for s in range(w):  # every rank gets a frame, empty or not: it rebuilds its result's shape from it
+                    count = plan.share.get(s, 0)
+                    rows = slice(pos, pos + count)
+                    part = [Column(c.name, c.container, take(c.values, c.container, rows)) for c in cols]
+                    meta = {"keys": keys, "logs": logs.rows(rows)}
+                    if s == me:
+                        own = (part, meta)
+                    else:
+                        frames[s] = bytes(encode_frame(part, count, allow_pickle=call.spec.allow_pickle, meta=meta))
+                    pos += count
+            except Exception as e:
+                error = e
+        blob = error_blob(error) if error is not None else b""
+        row = [OK if error is None else FAILED, len(blob), signature, *(len(f) for f in frames)]
+        sizes = all_gather(session, row, 1, call.timeout)
+        statuses = [int(x) for x in sizes[:, 0]]
+        if any(statuses):
+            return report_failures(
+                session, statuses, sizes[:, 1].tolist(), error, blob, 1, call.timeout, call.spec.name
+            )
+        signatures = {int(x) for x in sizes[:, 2] if int(x)}
+        if len(signatures) > 1:
+            scorers = [r for r in range(w) if int(sizes[r, 2])]
+            return Raise(
+                InputError(
+                    f"synced function {call.spec.name!r} returned results of different shapes on the scoring ranks "
+                    f"{scorers} (dict keys, containers or dtypes differ), so they cannot be put together. HINT: return "
+                    "the same container with the same keys and dtype for every group, e.g. always a list of floats."
+                )
+            )
+        send_counts = [0 if d == me else len(frames[d]) for d in range(w)]
+        recv_counts = [0 if s == me else int(sizes[s, 3 + me]) for s in range(w)]
+        buf = all_to_all(session, b"".join(frames), send_counts, recv_counts, 1, call.timeout)
+        try:
+            parts: dict[int, tuple[list[Column], dict[str, Any]]] = {}
+            for s, frame in enumerate(split(buf, recv_counts)):
+                if s == me:
+                    if own is not None:
+                        parts[s] = own
+                elif len(frame):
+                    nrows, cols, meta = decode_frame(frame.data, allow_pickle=call.spec.allow_pickle)
+                    if nrows != len(plan.sent[s]):
+                        raise CodecError(f"rank {s} returned {nrows} results for {len(plan.sent[s])} samples")
+                    parts[s] = (cols, meta or {})
+            return self._assemble(call, plan, logs, parts)
+        except Exception as e:  # everything was exchanged: a local failure, the session stays usable
+            return Raise(e)
+
+    def _assemble(
+        self, call: Call, plan: _Shard, logs: Logs, parts: dict[int, tuple[list[Column], dict[str, Any]]]
+    ) -> Any:
+        """Put the results from every scoring rank back into this rank's local sample order, matching dict keys."""
+        n = sum(len(rows) for rows in plan.sent)
+        logs.replay_scattered(n, [(plan.sent[d], parts[d][1].get("logs", ())) for d in sorted(parts)])
+        scorers = sorted(parts)
+        if not scorers:
+            return []
+        order = np.argsort(
+            np.asarray([i for d in scorers for i in plan.sent[d]], dtype=np.int64), kind="stable"
+        ).tolist()
+        keys = parts[scorers[0]][1].get("keys")
+        by_key = [dict(zip(_keys(parts[d][1].get("keys")), parts[d][0], strict=True)) for d in scorers]
+        columns = []
+        for j, key in enumerate(_keys(keys)):
+            first = by_key[0][key]
+            pieces = [p[key].values for p in by_key]
+            container = first.container
+            if container in (C_LIST, C_TUPLE):
+                pieces = [list(p) for p in pieces]
+            merged = concat(first.name, pieces, container, None)
+            columns.append(Column(str(j), container, take(merged, container, order)))
+        return rebuild_result(keys, columns, call.device())
+
+
+def _keys(keys: list[Any] | None) -> list[Any]:
+    return [None] if keys is None else list(keys)

@@ -1,0 +1,300 @@
+"""A session: everything about one backend that outlives a single synced call, in one owner.
+
+One :class:`Session` exists per backend object in a process (:func:`session_for`). It owns
+
+* the **sequence numbers** that pair calls across ranks: the n-th synced call a rank makes is paired
+  with the n-th call of every other rank;
+* two **turnstiles**, one per channel, that run every call's collectives in sequence order -- the
+  inbound exchange on channel 0, the outbound exchange on channel 1 -- so concurrent ``async``
+  calls issue their collectives in the same order on every rank while their function bodies overlap.
+  A step waits for its turn without holding a thread: sync callers wait on a condition and run their
+  step themselves; async callers hand the step over, and whoever finishes the previous turn starts it
+  on a worker thread. Nothing waits inside a fixed-size pool, so any number of concurrent calls works;
+* the **broken latch**: a transport failure (a dead peer, a timeout) inside any step, or a turn that
+  never comes, breaks the session. Every waiting step and every later call then raises
+  :class:`~syncreward.GroupBrokenError` at once instead of waiting for a group that can no longer agree;
+* the **size predictions** (:class:`~syncreward._wire.Predictor`, and the per-function result
+  capacities of ``mode="main"``), changed only inside a turn, from data every rank saw;
+* the **in-flight calls** and the thread each came from, to refuse orderings that cannot be the same
+  on every rank (calls from two threads at once) or that would deadlock (a blocking call on the event
+  loop thread while an async call on that loop is pending);
+* the **process** it was created in: a forked child (a ``fork`` DataLoader worker) gets a clear error
+  and never touches the parent's groups.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError
+from ._wire import BASE_CAPACITY, Predictor, ResultPredictor
+from .backends import Backend
+
+__all__ = ["Raise", "Session", "session_for"]
+
+T = TypeVar("T")
+
+# Steps of async calls run here once their turn has come (never before), so a worker never waits for
+# another step: the pool's size bounds parallelism across sessions, it cannot deadlock.
+_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="syncreward")
+
+
+class Raise:
+    """A step's collective failure: every rank raises it after the step (the turn is released first)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Latch:
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def error(self) -> GroupBrokenError:
+        return GroupBrokenError(
+            f"syncreward's group is unusable after an earlier failure ({self.reason}), so this synced call cannot "
+            "be paired with the other ranks. HINT: the ranks are no longer in step; restart the job "
+            "(torchrun --max-restarts can do it)."
+        )
+
+
+class Turnstile:
+    """Runs one step per sequence number, strictly in sequence order (one channel of a session)."""
+
+    def __init__(self, latch: _Latch, on_break: Callable[[str], None]) -> None:
+        self._cv = threading.Condition()
+        self._next = 0
+        self._busy = False
+        self._pending: dict[int, Callable[[], None]] = {}
+        self._latch = latch
+        self._on_break = on_break
+
+    def run(self, seq: int, step: Callable[[], T], timeout: float) -> T:
+        """Wait (in this thread) for ``seq``'s turn, run ``step`` here, release the turn."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not (self._next == seq and not self._busy) and self._latch.reason is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            ready = self._next == seq and not self._busy and self._latch.reason is None
+            if ready:
+                self._busy = True
+            broken = self._latch.reason is not None
+        if broken:
+            raise self._latch.error()
+        if not ready:
+            self._on_break(f"synced call #{seq} waited {timeout:.0f}s for earlier synced calls on this rank")
+            raise SyncTimeoutError(
+                f"synced call #{seq} waited {timeout:.0f}s for earlier synced calls on this rank to finish their "
+                "exchange. HINT: an earlier synced call is stuck (a hung reward, or a call the other ranks never "
+                "made); the group is now unusable."
+            )
+        try:
+            return step()
+        finally:
+            self._release(seq)
+
+    def submit(self, seq: int, step: Callable[[], T]) -> Future[T]:
+        """Run ``step`` on a worker thread when ``seq``'s turn comes; never blocks the caller."""
+        fut: Future[T] = Future()
+
+        def job() -> None:
+            if not fut.set_running_or_notify_cancel():
+                self._release(seq)
+                return
+            try:
+                if self._latch.reason is not None:
+                    raise self._latch.error()
+                fut.set_result(step())
+            except BaseException as e:
+                fut.set_exception(e)
+            finally:
+                self._release(seq)
+
+        with self._cv:
+            if self._latch.reason is not None:
+                start = True  # fails at once, without touching the turn order
+            elif self._next == seq and not self._busy:
+                self._busy = True
+                start = True
+            else:
+                self._pending[seq] = job
+                start = False
+        if start:
+            _POOL.submit(job)
+        return fut
+
+    def withdraw(self, seq: int) -> bool:
+        """Take back a submitted step that has not started; whether it was still waiting."""
+        with self._cv:
+            return self._pending.pop(seq, None) is not None
+
+    def _release(self, seq: int) -> None:
+        with self._cv:
+            self._next = seq + 1
+            self._busy = False
+            job = self._pending.pop(self._next, None)
+            if job is not None:
+                self._busy = True
+            self._cv.notify_all()
+        if job is not None:
+            _POOL.submit(job)
+
+    def wake_all(self) -> None:
+        """The latch broke: fail every waiting step now."""
+        with self._cv:
+            jobs = list(self._pending.items())
+            self._pending.clear()
+            self._cv.notify_all()
+        for _, job in sorted(jobs):  # each fails at once (latched) and releases its turn
+            _POOL.submit(job)
+
+
+class Session:
+    """Per-backend state of this process (see the module docstring)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.rank = backend.rank
+        self.world_size = backend.world_size
+        self.pid = os.getpid()
+        self.latch = _Latch()
+        self.turns = (Turnstile(self.latch, self.break_), Turnstile(self.latch, self.break_))
+        self.predictor = Predictor(self.world_size)
+        # main mode's result blocks: the size each (scoring rank, rank) pair agreed on for the next block
+        self.result_caps = [BASE_CAPACITY] * self.world_size
+        self.result_predictor = ResultPredictor()
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._in_flight: dict[int, tuple[int, bool]] = {}  # seq -> (thread id, async)
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def check_usable(self) -> None:
+        if os.getpid() != self.pid:
+            raise BackendError(
+                f"a synced call was made in a forked child process (pid {os.getpid()}) of the rank that owns "
+                f"syncreward's group (pid {self.pid}); the child cannot take part in the parent's exchanges. "
+                "HINT: make synced calls in the training process itself, not in fork-started workers (a "
+                "DataLoader's workers, multiprocessing with the fork start method)."
+            )
+        if self.latch.reason is not None:
+            raise self.latch.error()
+
+    def open(self, is_async: bool) -> tuple[int, str | None]:
+        """Take the next sequence number; say why this call cannot be ordered safely, if it cannot."""
+        me = threading.get_ident()
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+            others = list(self._in_flight.values())
+            self._in_flight[seq] = (me, is_async)
+        problem = None
+        if any(tid != me for tid, _ in others):
+            problem = (
+                "synced calls were made from two threads at once on this rank; their order, which pairs them "
+                "with the other ranks' calls, is then not the same on every rank. HINT: make synced calls from one "
+                "thread, or as tasks of one event loop"
+            )
+        elif not is_async and any(a for _, a in others):
+            problem = (
+                "a blocking synced call was made on an event loop's thread while an async synced call on that loop "
+                "is still pending; it would wait for that call, which cannot progress while the loop is blocked. "
+                "HINT: await the async synced calls first, or make this function async too"
+            )
+        return seq, problem
+
+    def close(self, seq: int) -> None:
+        """The call no longer belongs to its thread (done, or finishing in the background)."""
+        with self._lock:
+            self._in_flight.pop(seq, None)
+
+    def break_(self, reason: str) -> None:
+        """Break the latch (first reason wins) and fail every waiting step."""
+        with self._lock:
+            if self.latch.reason is None:
+                self.latch.reason = reason
+        for t in self.turns:
+            t.wake_all()
+
+    # ------------------------------------------------------------------------------------------ steps
+
+    def _guarded(self, channel: int, seq: int, step: Callable[[], T | Raise]) -> Callable[[], T | Raise]:
+        def run() -> T | Raise:
+            try:
+                return step()
+            except CommunicationError as e:
+                self.break_(f"{type(e).__name__} in synced call #{seq}: {_first_line(e)}")
+                raise
+            except BaseException as e:  # not collective: the ranks may now disagree about the sequence
+                self.break_(f"{type(e).__name__} during the exchange of synced call #{seq}: {_first_line(e)}")
+                raise
+
+        return run
+
+    def step(self, channel: int, seq: int, step: Callable[[], Any], timeout: float) -> Any:
+        """Run one collective step of call ``seq`` in its turn, in this thread; raise its collective failure."""
+        out = self.turns[channel].run(seq, self._guarded(channel, seq, step), timeout)
+        if isinstance(out, Raise):
+            raise out.error
+        return out
+
+    def submit(self, channel: int, seq: int, step: Callable[[], T | Raise]) -> Future[T | Raise]:
+        """Run one step in its turn on a worker thread (async calls, and steps finished in the background)."""
+        return self.turns[channel].submit(seq, self._guarded(channel, seq, step))
+
+    def skip(self, channel: int, seq: int) -> None:
+        """Give up ``seq``'s turn on ``channel`` without exchanging (every rank skips the same turns)."""
+        self.turns[channel].submit(seq, lambda: None)
+
+
+def _first_line(e: BaseException) -> str:
+    try:
+        text = str(e).strip()
+    except BaseException:
+        text = ""
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+_sessions: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
+_strong: dict[int, tuple[Any, Session]] = {}  # backends that cannot be weakly referenced
+_registry_lock = threading.Lock()
+
+
+def session_for(backend: Backend) -> Session:
+    """The process-wide session of a backend, created on its first call.
+
+    Raises:
+        BackendError: this is a forked child of the process that created the session.
+        GroupBrokenError: the session's latch is broken.
+    """
+    try:
+        session = _sessions.get(backend)
+    except TypeError:
+        entry = _strong.get(id(backend))
+        session = entry[1] if entry is not None and entry[0] is backend else None
+    if session is None:
+        with _registry_lock:
+            try:
+                session = _sessions.get(backend)
+                if session is None:
+                    session = _sessions[backend] = Session(backend)
+            except TypeError:
+                entry = _strong.get(id(backend))
+                if entry is None or entry[0] is not backend:
+                    entry = _strong[id(backend)] = (backend, Session(backend))
+                session = entry[1]
+    session.check_usable()
+    return session

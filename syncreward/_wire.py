@@ -1,0 +1,371 @@
+"""The wire protocol's arithmetic, as pure functions: headers, sizes, offsets and predictions.
+
+Nothing here talks to another rank. Every function is a function of its inputs, so the protocol can
+be tested without processes, and every rank that feeds the same inputs (the gathered headers, which
+every rank sees identically) computes the same outputs -- which the collectives require: gloo aborts
+the *process* when two ranks disagree about the size of a collective.
+
+The header every rank sends every other rank at the start of a call (int64 words)::
+
+    [version, seq, status, fingerprint, step, n_samples, payload_bytes, description_bytes, aux, drop_mask x4]
+
+* ``seq``: the call's sequence number on its session; ``step``: the training step the call belongs to
+  (TRL's ``trainer_state.global_step``, a ``step=``/``global_step=`` argument, else ``NO_STEP``). Ranks
+  whose ``seq``, ``fingerprint`` or ``step`` differ are making different calls: every rank raises
+  :class:`~syncreward.MismatchError`.
+* ``status``: ``OK``, or ``FAILED`` when this rank failed before the exchange; then ``payload_bytes``
+  is the size of its error blob, which travels instead of the payload.
+* ``drop_mask``: the ``**kwargs`` columns this rank leaves behind (they hold non-plain data). Column
+  ``i`` of the sorted column names is bit ``i``; past ``MAX_EXACT_DROPS`` columns, a column's bit is a
+  hash of its name, so a collision can only leave one more column behind (which the function then
+  sees as a ``NotSynced`` placeholder), never send one that should stay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._codec import encode_value
+
+__all__ = [
+    "FAILED",
+    "HEADER_LEN",
+    "NO_STEP",
+    "OK",
+    "VERSION",
+    "Headers",
+    "Predictor",
+    "ResultChunk",
+    "dropped_names",
+    "drop_mask",
+    "eager_sizes",
+    "error_blob",
+    "fingerprint",
+    "offsets",
+    "remainder_counts",
+    "ResultPredictor",
+    "split",
+]
+
+VERSION = 0x5352_0002
+H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_DESC, H_AUX, H_DROP = range(10)
+DROP_WORDS = 4
+HEADER_LEN = H_DROP + DROP_WORDS
+DROP_BITS = 63 * DROP_WORDS
+MAX_EXACT_DROPS = DROP_BITS
+OK, FAILED = 0, 1
+NO_STEP = -1
+MAX_FIELD = 1 << 40  # no header size or count is larger (1 TiB)
+
+EAGER_MARGIN = 1.2  # an eager chunk is 1.2x the payload predicted for it: a little growth still fits
+MAX_EAGER = 4 << 20  # payloads up to 4 MiB per pair ride in the header collective
+PREDICTED_CALLS = 64  # functions (fingerprints) whose sizes a session remembers
+
+
+def fingerprint(text: str) -> int:
+    """A signed 64-bit hash of a call description, identical on every rank."""
+    data = text.encode("utf-8", "backslashreplace")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+# --------------------------------------------------------------------------------------------- headers
+
+
+def _drop_bit(names: Sequence[str], i: int) -> int:
+    return i if i < MAX_EXACT_DROPS else fingerprint(names[i]) % DROP_BITS
+
+
+def drop_mask(names: Sequence[str], dropped: Iterable[str]) -> list[int]:
+    """Bit mask (``DROP_WORDS`` int64 words) of the ``dropped`` columns among the sorted column ``names``."""
+    words = [0] * DROP_WORDS
+    index = {n: i for i, n in enumerate(names)}
+    for name in dropped:
+        bit = _drop_bit(names, index[name])
+        words[bit // 63] |= 1 << (bit % 63)
+    return words
+
+
+def dropped_names(names: Sequence[str], droppable: Iterable[str], masks: np.ndarray) -> frozenset[str]:
+    """The ``droppable`` columns left behind on any rank, from every rank's ``drop_mask`` (rows of ``masks``)."""
+    words = [int(np.bitwise_or.reduce(masks[:, w])) if len(masks) else 0 for w in range(DROP_WORDS)]
+    can = set(droppable)
+    out = set()
+    for i, name in enumerate(names):
+        if name in can:
+            bit = _drop_bit(names, i)
+            if words[bit // 63] >> (bit % 63) & 1:
+                out.add(name)
+    return frozenset(out)
+
+
+def pack_header(
+    *, seq: int, status: int, fp: int, step: int, n: int, size: int, desc: int, aux: int, mask: Sequence[int]
+) -> bytes:
+    return np.asarray([VERSION, seq, status, fp, step, n, size, desc, aux, *mask], dtype=np.int64).tobytes()
+
+
+HEADER_BYTES = HEADER_LEN * 8
+
+
+@dataclass(frozen=True)
+class Headers:
+    """Every rank's header, as every rank received them (identical on every rank)."""
+
+    rows: np.ndarray  # (world_size, HEADER_LEN) int64
+
+    @property
+    def versions(self) -> set[int]:
+        return set(self.rows[:, H_VERSION].tolist())
+
+    @property
+    def statuses(self) -> list[int]:
+        return [int(x) for x in self.rows[:, H_STATUS]]
+
+    @property
+    def failed(self) -> list[int]:
+        return [r for r, s in enumerate(self.statuses) if s != OK]
+
+    @property
+    def agree(self) -> bool:
+        """Whether every rank makes the same call (sequence number, function/schema and step)."""
+        r = self.rows
+        return all(len(set(r[:, c].tolist())) == 1 for c in (H_SEQ, H_FP, H_STEP))
+
+    @property
+    def counts(self) -> list[int]:
+        return [int(x) for x in self.rows[:, H_N]]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [int(x) for x in self.rows[:, H_SIZE]]
+
+    @property
+    def desc_sizes(self) -> list[int]:
+        return [int(x) for x in self.rows[:, H_DESC]]
+
+    @property
+    def aux(self) -> list[int]:
+        return [int(x) for x in self.rows[:, H_AUX]]
+
+    @property
+    def masks(self) -> np.ndarray:
+        return self.rows[:, H_DROP : H_DROP + DROP_WORDS]
+
+    def problem(self) -> str | None:
+        """Why these headers cannot be acted on (negative or absurd sizes), or ``None``.
+
+        A header is only ever written by syncreward, but it is input like any other: a corrupted or hostile
+        one must give every rank the same clear error, never a huge allocation or a mis-sized collective.
+        """
+        r = self.rows
+        for col, what in (
+            (H_N, "sample count"),
+            (H_SIZE, "payload size"),
+            (H_DESC, "description size"),
+            (H_AUX, "aux"),
+        ):
+            bad = [i for i, v in enumerate(r[:, col].tolist()) if not 0 <= v <= MAX_FIELD]
+            if bad:
+                return f"rank(s) {bad} sent an invalid {what} in their header ({r[bad[0], col]})"
+        return None
+
+    @property
+    def fp(self) -> int:
+        """The fingerprint every rank agreed on, or 0 when they did not (or some rank failed)."""
+        if not self.agree or self.failed:
+            return 0
+        return int(self.rows[0, H_FP])
+
+
+def offsets(counts: Sequence[int]) -> list[int]:
+    """``[0, c0, c0 + c1, ...]``: where each rank's samples start in the global batch."""
+    out = [0]
+    for c in counts:
+        out.append(out[-1] + int(c))
+    return out
+
+
+def split(buf: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
+    """Cut a received buffer into the consecutive blocks of ``counts`` bytes (views, no copies)."""
+    out, pos = [], 0
+    for c in counts:
+        out.append(buf[pos : pos + c])
+        pos += c
+    return out
+
+
+# --------------------------------------------------------------------------------------------- payloads
+
+Dests = Callable[[int], Sequence[int]]
+
+
+def eager_sizes(sizes: Sequence[int], dests: Dests) -> np.ndarray:
+    """Per-pair eager chunk sizes ``[src, dst]`` for a call whose payloads are ``sizes`` bytes."""
+    w = len(sizes)
+    out = np.zeros((w, w), dtype=np.int64)
+    for s in range(w):
+        for d in dests(s):
+            out[s, d] = min(MAX_EAGER, max(0, round8(int(sizes[s] * EAGER_MARGIN))))
+    return out
+
+
+def remainder_counts(sizes: Sequence[int], eager: np.ndarray, dests: Dests) -> list[list[int]]:
+    """``rest[src][dst]``: bytes of ``src``'s payload that did not fit in its eager chunk to ``dst``."""
+    w = len(sizes)
+    return [[max(0, sizes[s] - int(eager[s, d])) if d in dests(s) else 0 for d in range(w)] for s in range(w)]
+
+
+class Predictor:
+    """Predicts the eager chunk sizes of the next call from the calls every rank has seen.
+
+    TRL calls several rewards per step in a fixed order (accuracy, format, length, ...), each with its
+    own payload size. The predictor remembers, per function (fingerprint), the sizes of its last call
+    and which function followed which; it predicts the next call's chunks as the sizes of the function
+    that followed the previous one last time. Its state changes only through :meth:`update`, with the
+    headers of a call -- identical on every rank -- so every rank predicts the same sizes even when
+    the ranks are about to make *different* calls (that mismatch is then reported, not a gloo abort).
+    """
+
+    def __init__(self, world_size: int, capacity: int = PREDICTED_CALLS) -> None:
+        self.world_size = world_size
+        self.capacity = capacity
+        self.last = 0
+        self.after: OrderedDict[int, int] = OrderedDict()
+        self.sizes: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def predict(self) -> np.ndarray:
+        nxt = self.after.get(self.last, self.last)  # never seen what follows it: the same function again
+        sizes = self.sizes.get(nxt)
+        return sizes if sizes is not None else np.zeros((self.world_size, self.world_size), dtype=np.int64)
+
+    def update(self, headers: Headers, dests: Dests | None) -> None:
+        """Record a call: ``dests`` is how its mode routes payloads (``None``: no eager payload)."""
+        fp = headers.fp
+        self._put(self.after, self.last, fp)
+        self.last = fp
+        if fp and dests is not None:
+            self._put(self.sizes, fp, eager_sizes(headers.sizes, dests))
+
+    def _put(self, table: OrderedDict, key: int, value: object) -> None:  # type: ignore[type-arg]
+        _lru_put(table, key, value, self.capacity)
+
+
+def _lru_put(table: OrderedDict, key: int, value: object, capacity: int) -> None:  # type: ignore[type-arg]
+    """Insert as the most recent entry, dropping the oldest past ``capacity``."""
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > capacity:
+        table.popitem(last=False)
+
+
+# --------------------------------------------------------------------------------------------- results
+
+_CHUNK = struct.Struct("<BBxxIQqq")  # status, overflow follows, next block's capacity, body bytes, fp, seq
+BASE_CAPACITY = 256  # a block's size before anything was learned (the chunk header included)
+MAX_CAPACITY = 64 << 20
+
+
+@dataclass(frozen=True)
+class ResultChunk:
+    """The block the scoring rank sends each rank in ``main`` mode: a chunk header, then the body.
+
+    Its size was fixed by the *previous* block between the same two ranks, which announced it
+    (``next_capacity``), so both sides know it without agreeing on anything else first -- not even on
+    which call this is (``fp``, ``seq`` say that, and the receiver checks). A body that does not fit
+    continues in one more exchange (``overflow``).
+    """
+
+    status: int
+    overflow: bool
+    next_capacity: int
+    body_bytes: int
+    fp: int  # the call these results belong to: the receiver checks it is making the same call
+    seq: int
+
+    HEADER = _CHUNK.size
+
+    def pack(self, body: bytes | bytearray, capacity: int) -> bytes:
+        head = _CHUNK.pack(self.status, self.overflow, self.next_capacity, self.body_bytes, self.fp, self.seq)
+        chunk = head + bytes(body[: capacity - self.HEADER])
+        return chunk + bytes(capacity - len(chunk))
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> ResultChunk:
+        status, overflow, capacity, size, fp, seq = _CHUNK.unpack_from(buf)
+        return cls(status, bool(overflow), capacity, size, fp, seq)
+
+
+class ResultPredictor:
+    """The scoring rank's guess of the next result blocks' sizes, per function, from their last bodies.
+
+    Like :class:`Predictor`, it follows the order in which functions are called (TRL's rewards of a
+    step), so each call's blocks are sized for *its* function's results. Only the scoring rank uses it;
+    what it predicts reaches the other ranks as each block's ``next_capacity``.
+    """
+
+    def __init__(self, capacity: int = PREDICTED_CALLS) -> None:
+        self.capacity = capacity
+        self.last = 0
+        self.after: OrderedDict[int, int] = OrderedDict()
+        self.per_sample: OrderedDict[int, float] = OrderedDict()
+
+    def update(self, fp: int, bodies: dict[int, int], counts: Sequence[int]) -> None:
+        """Record a call's result bodies (bytes per receiving rank)."""
+        _lru_put(self.after, self.last, fp, self.capacity)
+        self.last = fp
+        rates = [size / counts[r] for r, size in bodies.items() if counts[r]]
+        if rates:
+            _lru_put(self.per_sample, fp, max(rates), self.capacity)
+
+    def next_capacities(self, counts: Sequence[int]) -> list[int]:
+        """Block sizes for the next call, assuming each rank keeps its sample count (25% headroom)."""
+        rate = self.per_sample.get(self.after.get(self.last, self.last))
+        if rate is None:
+            return [BASE_CAPACITY] * len(counts)
+        return [min(MAX_CAPACITY, round8(ResultChunk.HEADER + 64 + int(rate * 1.25 * n))) for n in counts]
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+def _safe(fn: Callable[[], str], fallback: str) -> str:
+    try:
+        text = fn()
+    except BaseException as e:  # a broken __str__ must not stop the error from travelling
+        return f"{fallback} ({type(e).__name__} while formatting it)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def error_blob(exc: BaseException) -> bytes:
+    """Serialize an exception for the other ranks: type name, message, traceback (plain data only).
+
+    Never raises: an exception whose ``str()`` or traceback cannot be formatted still travels, with a
+    placeholder saying so.
+    """
+    t = type(exc)
+    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    message = _safe(lambda: str(exc), "<the exception's str() failed>")
+    tb = _safe(lambda: "".join(traceback.format_exception(exc)), f"{name}: <no traceback>")
+    out = bytearray()
+    encode_value({"type": name, "message": message, "traceback": tb}, out)
+    return bytes(out)
+
+
+@dataclass
+class Plan:
+    """Send and receive byte counts of one ``all_to_all``, with the bytes to send."""
+
+    send: bytearray = field(default_factory=bytearray)
+    send_counts: list[int] = field(default_factory=list)
+    recv_counts: list[int] = field(default_factory=list)

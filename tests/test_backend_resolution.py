@@ -1,0 +1,109 @@
+"""Backend resolution and setup: one backend object per job, and setup failures named for what they are."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+import syncreward
+from syncreward import synced_reward
+from syncreward.testing import free_port, run_ranks
+
+
+def _init_single_process_gloo() -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+
+
+def test_backend_resolution_concurrent_first_resolve_gives_one_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads resolving backend='torch' for the first time at once get the same object."""
+    from syncreward.backends import torch_distributed
+
+    _init_single_process_gloo()
+    original = torch_distributed.TorchDistributedBackend.__init__
+
+    def slow_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.3)  # widen the race window
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch_distributed.TorchDistributedBackend, "__init__", slow_init)
+    start = threading.Barrier(2)
+    got: list[Any] = [None, None]
+
+    def resolve(i: int) -> None:
+        start.wait(5)
+        got[i] = syncreward.resolve_backend("torch")
+
+    threads = [threading.Thread(target=resolve, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert None not in got, got
+    assert got[0] is got[1], f"two backends for one job: {got[0]!r} (id {id(got[0])}) and {got[1]!r} (id {id(got[1])})"
+
+
+def test_backend_resolution_group_setup_failure_is_not_called_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure creating syncreward's gloo groups that is not a timeout is reported as what it was."""
+    _init_single_process_gloo()
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(dist, "new_group", boom)
+    backend = syncreward.resolve_backend("torch")
+    with pytest.raises(Exception) as info:  # the type is free; the message is what is pinned
+        backend.all_gather(np.zeros(3, dtype=np.int64), channel=0, timeout=5.0)
+    message = str(info.value)
+    problems = []
+    if "boom" not in message:
+        problems.append("the error does not name the cause ('boom')")
+    if isinstance(info.value, syncreward.SyncTimeoutError):
+        problems.append("it is a SyncTimeoutError")
+    if re.search(r"within [0-9.]+ ?s\b", message) or "timed out" in message:
+        problems.append("its message claims a timeout")
+    assert not problems, f"{type(info.value).__name__}: {message}\n" + "\n".join(problems)
+
+
+def _reward(completions: Any, **kwargs: Any) -> list[float]:
+    return [1.0] * len(completions)
+
+
+def _first_call_timeout_body(rank: int, world_size: int, done: str) -> Any:
+    if rank == 1:  # never makes the call, but stays in the job until rank 0 has given up
+        deadline = time.monotonic() + 30
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return None
+    t0 = time.monotonic()
+    try:
+        synced_reward(timeout=2)(_reward)(["a"])
+        return ("ok", "", (), time.monotonic() - t0)
+    except syncreward.SyncTimeoutError as e:
+        return ("SyncTimeoutError", str(e), tuple(e.missing_ranks), time.monotonic() - t0)
+    except Exception as e:
+        return (type(e).__name__, str(e), (), time.monotonic() - t0)
+    finally:
+        Path(done).touch()
+
+
+@pytest.mark.multiprocess
+def test_backend_resolution_first_call_timeout_names_the_missing_rank(tmp_path: Path) -> None:
+    kind, message, missing, seconds = run_ranks(_first_call_timeout_body, 2, str(tmp_path / "done"), timeout=60)[0]
+    problems = []
+    if kind != "SyncTimeoutError":
+        problems.append(f"rank 0 raised {kind}, not SyncTimeoutError")
+    if missing != (1,):
+        problems.append(f"missing_ranks is {missing}, not (1,)")
+    if not re.search(r"\branks?(\(s\))?:? \[?1\b", message):
+        problems.append("the message does not name rank 1 as the missing one")
+    if seconds > 10:
+        problems.append(f"it took {seconds:.1f}s")
+    assert not problems, f"{kind}: {message}\n" + "\n".join(problems)

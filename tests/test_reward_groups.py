@@ -1,0 +1,176 @@
+"""Reward groups (``synced_rewards``): the columns every reward of a step receives travel once per step.
+
+TRL calls each reward of a step with the same argument objects. A group's first call of a step gathers
+them; the other members' calls with the very same objects are scored on what it gathered, and only
+their results travel. The results must be exactly those of each plain function on the global batch,
+and the failure and ordering guarantees those of any synced call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from test_predictions import Counting, TrainerState
+
+import syncreward
+from syncreward import MismatchError, RemoteError, synced_rewards
+from syncreward.testing import run_threads
+
+SIZES = [3, 1, 4]  # uneven ranks
+
+
+def step_kwargs(rank: int, step: int) -> dict[str, Any]:
+    """TRL's reward call for one step: the same objects go to every reward."""
+    n = SIZES[rank]
+    return {
+        "prompts": [f"q{step}-{rank}-{i}" for i in range(n)],
+        "completions": [f"answer {i} " * (1 + (i + rank + step) % 3) for i in range(n)],
+        "completion_ids": [list(range(i + rank)) for i in range(n)],
+        "solution": [f"answer {i}" for i in range(n)],
+        "trainer_state": TrainerState(global_step=step),
+    }
+
+
+def accuracy(completions: Any, solution: Any, **kwargs: Any) -> list[float]:
+    return [float(s in c) + len(completions) for c, s in zip(completions, solution, strict=True)]
+
+
+def brevity(completions: Any, **kwargs: Any) -> list[float]:
+    longest = max(len(c) for c in completions)
+    return [1 - len(c) / longest for c in completions]
+
+
+async def judge(prompts: Any, completions: Any, completion_ids: Any, **kwargs: Any) -> dict[str, list[float]]:
+    await asyncio.sleep(0)
+    mean = sum(len(ids) for ids in completion_ids) / len(completion_ids)
+    return {"score": [len(ids) - mean for ids in completion_ids], "n": [float(len(prompts))] * len(prompts)}
+
+
+def oracle(fn: Any, step: int, rank: int) -> Any:
+    """The plain function on the concatenated batch, this rank's slice."""
+    parts = [step_kwargs(r, step) for r in range(len(SIZES))]
+    flat = {k: [x for p in parts for x in p[k]] for k in ("prompts", "completions", "completion_ids", "solution")}
+    out = fn(**flat)
+    if asyncio.iscoroutine(out):
+        out = asyncio.run(out)
+    lo, hi = sum(SIZES[:rank]), sum(SIZES[: rank + 1])
+    return {k: v[lo:hi] for k, v in out.items()} if isinstance(out, dict) else out[lo:hi]
+
+
+def run_steps(mode: str, steps: int = 3) -> list[dict[str, Any]]:
+    def body(rank: int, world_size: int) -> dict[str, Any]:
+        counting = Counting(syncreward.resolve_backend("auto"))
+        acc, brev, jud = synced_rewards(accuracy, brevity, judge, mode=mode, backend=counting, timeout=10)
+        out: dict[str, Any] = {"results": [], "calls": [], "names": [f.__name__ for f in (acc, brev, jud)]}
+        out["async"] = asyncio.iscoroutinefunction(jud)
+        for step in range(steps):
+            kw = step_kwargs(rank, step)
+            before = counting.calls
+            a, b = acc(**kw), brev(**kw)  # TRL: the sync rewards in order, then the async ones together
+
+            async def asynchronous() -> Any:
+                return (await asyncio.gather(jud(**kw)))[0]
+
+            j = asyncio.run(asynchronous())
+            out["calls"].append(counting.calls - before)
+            out["results"].append((a, b, j))
+        return out
+
+    return run_threads(body, len(SIZES), timeout=60)
+
+
+@pytest.mark.parametrize("mode", ["main", "replicate"])
+def test_reward_group_members_score_the_global_batch(mode: str) -> None:
+    for rank, res in enumerate(run_steps(mode)):
+        assert res["names"] == ["accuracy", "brevity", "judge"]
+        assert res["async"]
+        for step, (a, b, j) in enumerate(res["results"]):
+            assert a == oracle(accuracy, step, rank), (mode, rank, step, a)
+            assert b == oracle(brevity, step, rank), (mode, rank, step, b)
+            assert j == oracle(judge, step, rank), (mode, rank, step, j)
+
+
+def test_reward_group_columns_travel_once_per_step() -> None:
+    """main: the first reward's call gathers (2 collectives once sizes are learned), the others only return results."""
+    for rank, res in enumerate(run_steps("main", steps=4)):
+        assert res["calls"][2:] == [4, 4], f"rank {rank}: collectives per step {res['calls']}"
+
+
+def test_a_reward_group_call_with_new_objects_gathers_again() -> None:
+    """Same contents in new list objects: a miss (nothing is guessed), still the right results."""
+
+    def body(rank: int, world_size: int) -> Any:
+        counting = Counting(syncreward.resolve_backend("auto"))
+        acc, brev = synced_rewards(accuracy, brevity, backend=counting, timeout=10)
+        kw = step_kwargs(rank, 0)
+        acc(**kw)
+        before = counting.calls
+        fresh = {k: (list(v) if isinstance(v, list) else v) for k, v in kw.items()}
+        got = brev(**fresh)
+        return got, counting.calls - before
+
+    for rank, (got, calls) in enumerate(run_threads(body, len(SIZES), timeout=60)):
+        assert got == oracle(brevity, 0, rank)
+        assert calls >= 2, f"rank {rank}: a call with new objects made {calls} collectives: it did not gather"
+
+
+def test_a_reward_group_member_that_raises_raises_on_every_rank_and_the_group_recovers() -> None:
+    def flaky(completions: Any, **kwargs: Any) -> list[float]:
+        if kwargs["trainer_state"].global_step == 0:
+            raise ValueError("judge unavailable")
+        return [1.0] * len(completions)
+
+    def body(rank: int, world_size: int) -> Any:
+        acc, bad = synced_rewards(accuracy, flaky, timeout=10)
+        kw = step_kwargs(rank, 0)
+        first = acc(**kw)
+        try:
+            bad(**kw)
+            failure = None
+        except ValueError as e:
+            failure = ("ValueError", str(e))
+        except RemoteError as e:
+            failure = ("RemoteError", e.exc_type, e.origin_rank)
+        kw1 = step_kwargs(rank, 1)
+        return first, failure, acc(**kw1), bad(**kw1)
+
+    for rank, (first, failure, a1, b1) in enumerate(run_threads(body, len(SIZES), timeout=60)):
+        assert first == oracle(accuracy, 0, rank)
+        if rank == 0:
+            assert failure == ("ValueError", "judge unavailable")
+        else:
+            assert failure == ("RemoteError", "ValueError", 0)
+        assert a1 == oracle(accuracy, 1, rank)
+        assert b1 == [1.0] * SIZES[rank]
+
+
+def test_reward_group_members_called_in_a_different_order_never_pair_silently() -> None:
+    """Rank 1 calls the second and third members in the other order: it raises, it never gets the wrong results."""
+
+    def body(rank: int, world_size: int) -> Any:
+        acc, brev, other = synced_rewards(accuracy, brevity, accuracy, timeout=5)
+        kw = step_kwargs(rank, 0)
+        acc(**kw)
+        order = (brev, other) if rank != 1 else (other, brev)
+        out = []
+        for f in order:
+            try:
+                out.append(("ok", f(**kw)))
+            except (MismatchError, RemoteError) as e:
+                out.append((type(e).__name__, str(e)[:200]))
+        return out
+
+    results = run_threads(body, len(SIZES), timeout=60)
+    for call in results[1]:
+        assert call[0] == "MismatchError", results[1]
+    for rank in (0, 2):  # same order as the scoring rank: right results
+        assert results[rank][0] == ("ok", oracle(brevity, 0, rank)), results[rank]
+
+
+def test_synced_rewards_checks_its_options() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        synced_rewards()
+    with pytest.raises(ValueError, match="'main' or 'replicate'"):
+        synced_rewards(accuracy, mode="shard")  # type: ignore[arg-type]

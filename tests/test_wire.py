@@ -1,0 +1,223 @@
+"""The wire protocol's arithmetic, without any rank: headers, drop masks, sizes, predictions, error blobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from syncreward._codec import decode_value
+from syncreward._wire import (
+    DROP_BITS,
+    FAILED,
+    HEADER_LEN,
+    MAX_EAGER,
+    NO_STEP,
+    OK,
+    Headers,
+    Predictor,
+    BASE_CAPACITY,
+    ResultChunk,
+    ResultPredictor,
+    drop_mask,
+    dropped_names,
+    eager_sizes,
+    error_blob,
+    offsets,
+    pack_header,
+    remainder_counts,
+    split,
+)
+
+
+def headers(*rows: dict[str, int]) -> Headers:
+    defaults = {"seq": 0, "status": OK, "fp": 7, "step": NO_STEP, "n": 1, "size": 0, "desc": 0, "aux": 0}
+    packed = []
+    for r in rows:
+        fields = {**defaults, **{k: v for k, v in r.items() if k != "mask"}}
+        packed.append(np.frombuffer(pack_header(**fields, mask=r.get("mask", [0] * 4)), dtype=np.int64))
+    return Headers(np.stack(packed))
+
+
+def to_root(src: int) -> tuple[int, ...]:
+    return () if src == 0 else (0,)
+
+
+def to_all(w: int):  # type: ignore[no-untyped-def]
+    return lambda src: [d for d in range(w) if d != src]
+
+
+# --------------------------------------------------------------------------------------------- headers
+
+
+def test_header_round_trips_every_field() -> None:
+    h = headers({"seq": 5, "fp": -3, "step": 12, "n": 4, "size": 100, "desc": 9, "aux": 2, "mask": [1, 0, 0, 2]})
+    assert h.rows.shape == (1, HEADER_LEN)
+    assert h.counts == [4] and h.sizes == [100] and h.desc_sizes == [9] and h.aux == [2]
+    assert h.masks.tolist() == [[1, 0, 0, 2]]
+    assert h.agree and h.fp == -3 and not h.failed
+
+
+@pytest.mark.parametrize("field", ["seq", "fp", "step"])
+def test_headers_that_differ_in_seq_function_or_step_do_not_agree(field: str) -> None:
+    h = headers({field: 1}, {field: 2})
+    assert not h.agree
+    assert h.fp == 0  # nothing is predicted from a call the ranks did not agree on
+
+
+def test_failed_status_is_reported_and_agreement_is_not_trusted() -> None:
+    h = headers({}, {"status": FAILED, "size": 30})
+    assert h.failed == [1]
+    assert h.fp == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [("n", -1), ("size", -5), ("desc", 1 << 50), ("aux", -2)])
+def test_hostile_header_sizes_are_named_not_acted_on(field: str, value: int) -> None:
+    problem = headers({}, {field: value}).problem()
+    assert problem is not None and "rank(s) [1]" in problem
+
+
+def test_sane_headers_have_no_problem() -> None:
+    assert headers({"n": 0, "size": 0}, {"n": 10, "size": 1 << 20}).problem() is None
+
+
+# --------------------------------------------------------------------------------------------- drop masks
+
+
+def test_drop_mask_marks_exactly_the_dropped_columns() -> None:
+    names = ["a", "b", "c", "image"]
+    masks = np.array([drop_mask(names, []), drop_mask(names, ["image"])], dtype=np.int64)
+    assert dropped_names(names, {"image", "c"}, masks) == {"image"}
+
+
+def test_a_named_column_is_never_dropped_even_if_its_bit_is_set() -> None:
+    names = ["a", "b"]
+    masks = np.array([drop_mask(names, ["a", "b"])], dtype=np.int64)
+    assert dropped_names(names, {"b"}, masks) == {"b"}
+
+
+def test_drop_mask_reaches_columns_past_the_exact_bits() -> None:
+    names = sorted(f"col{i:04d}" for i in range(DROP_BITS + 50))
+    late = names[DROP_BITS + 30]
+    masks = np.array([drop_mask(names, [late]), drop_mask(names, [])], dtype=np.int64)
+    got = dropped_names(names, set(names), masks)
+    assert late in got
+    # a hash collision may leave a few more columns behind, never fewer
+    assert len(got) <= 3
+
+
+# --------------------------------------------------------------------------------------------- sizes
+
+
+def test_offsets_and_split() -> None:
+    assert offsets([2, 0, 3]) == [0, 2, 2, 5]
+    parts = split(np.arange(5, dtype=np.uint8), [2, 0, 3])
+    assert [p.tolist() for p in parts] == [[0, 1], [], [2, 3, 4]]
+
+
+def test_eager_sizes_follow_the_routes_with_a_margin_and_a_cap() -> None:
+    eager = eager_sizes([0, 100, 10 << 20], to_root)
+    assert eager[1, 0] >= 120 and eager[1, 0] % 8 == 0
+    assert eager[2, 0] == MAX_EAGER
+    assert eager[0].tolist() == [0, 0, 0] and eager[:, 1:].sum() == 0
+
+
+def test_remainder_is_what_did_not_fit() -> None:
+    eager = np.array([[0, 0], [64, 0]], dtype=np.int64)
+    assert remainder_counts([0, 100], eager, to_root) == [[0, 0], [36, 0]]
+    assert remainder_counts([0, 50], eager, to_root) == [[0, 0], [0, 0]]
+
+
+# --------------------------------------------------------------------------------------------- predictions
+
+
+def test_prediction_learns_one_function_after_one_call() -> None:
+    p = Predictor(2)
+    assert p.predict().sum() == 0
+    p.update(headers({"fp": 1, "size": 0}, {"fp": 1, "size": 400}), to_root)
+    assert p.predict()[1, 0] >= 400
+
+
+def test_prediction_follows_a_cycle_of_several_rewards_per_step() -> None:
+    """TRL's accuracy + format + length rewards, every step in the same order, each its own size."""
+    p = Predictor(2)
+    sizes = {11: 5000, 22: 80, 33: 900}
+    for _ in range(2):  # learn
+        for fp, size in sizes.items():
+            p.update(headers({"fp": fp}, {"fp": fp, "size": size}), to_root)
+    for fp, size in sizes.items():  # the steady state: each call's chunk fits its own payload, no one else's
+        predicted = int(p.predict()[1, 0])
+        assert size <= predicted <= size * 1.2 + 8, (fp, size, predicted)
+        p.update(headers({"fp": fp}, {"fp": fp, "size": size}), to_root)
+
+
+def test_predictions_are_a_function_of_the_shared_headers_only() -> None:
+    """Ranks about to make different calls still predict the same sizes (else gloo aborts)."""
+    a, b = Predictor(2), Predictor(2)
+    for h in (headers({"fp": 1}, {"fp": 1, "size": 64}), headers({"fp": 2}, {"fp": 3, "size": 999})):
+        a.update(h, to_root)
+        b.update(h, to_root)
+        assert (a.predict() == b.predict()).all()
+
+
+def test_a_mismatched_or_failed_call_teaches_nothing() -> None:
+    p = Predictor(2)
+    p.update(headers({"fp": 4}, {"fp": 5, "size": 999}), to_root)
+    p.update(headers({"fp": 6, "status": FAILED}, {"fp": 6, "size": 999}), to_root)
+    assert p.predict().sum() == 0
+
+
+def test_prediction_memory_is_bounded() -> None:
+    p = Predictor(2, capacity=8)
+    for fp in range(1, 100):
+        p.update(headers({"fp": fp}, {"fp": fp, "size": 10}), to_all(2))
+    assert len(p.sizes) <= 8 and len(p.after) <= 8
+
+
+# --------------------------------------------------------------------------------------------- results
+
+
+def test_result_chunk_round_trip_and_padding() -> None:
+    chunk = ResultChunk(OK, False, 512, 10, fp=-5, seq=3)
+    packed = chunk.pack(b"0123456789", BASE_CAPACITY)
+    assert len(packed) == BASE_CAPACITY
+    assert ResultChunk.unpack(packed) == chunk
+    assert packed[ResultChunk.HEADER : ResultChunk.HEADER + 10] == b"0123456789"
+
+
+def test_result_blocks_are_sized_per_function_in_call_order() -> None:
+    """Accuracy (8 B/sample) then judge (400 B/sample), every step: each next block fits its own function."""
+    p = ResultPredictor()
+    assert p.next_capacities([0, 10]) == [BASE_CAPACITY, BASE_CAPACITY]
+    for _ in range(2):
+        for fp, rate in ((1, 8), (2, 400)):
+            p.update(fp, {1: rate * 10}, [0, 10])
+    # the last call was the judge: the next one is accuracy, whose block needs ~80 bytes of body
+    small = p.next_capacities([0, 10])[1]
+    assert 80 + ResultChunk.HEADER <= small < 400
+    p.update(1, {1: 80}, [0, 10])
+    big = p.next_capacities([0, 10])[1]
+    assert big >= 4000 + ResultChunk.HEADER
+
+
+def test_result_prediction_memory_is_bounded() -> None:
+    p = ResultPredictor(capacity=4)
+    for fp in range(50):
+        p.update(fp, {1: 100}, [0, 10])
+    assert len(p.after) <= 4
+    assert len(p.per_sample) <= 4
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+
+def test_error_blob_survives_a_failing_str_and_lone_surrogates() -> None:
+    info = decode_value(error_blob(Unprintable()))
+    assert info["type"].endswith("Unprintable")
+    assert "str() failed" in info["message"]
+    info = decode_value(error_blob(ValueError("bad \udcff key")))
+    assert info["type"] == "ValueError" and "bad" in info["message"]
