@@ -576,6 +576,34 @@ def _encode_ints(a: np.ndarray, out: bytearray, min_code: int = 0) -> None:
     out += _raw(narrow)
 
 
+def _encode_lengths(lengths: list[int], out: bytearray) -> None:
+    """Like :func:`_encode_ints` for a Python list of non-negative ints (string lengths): cheap when short."""
+    hi = max(lengths, default=0)
+    code = 0 if hi < 1 << 8 else 1 if hi < 1 << 16 else 2 if hi < 1 << 32 else 3
+    out += _U8.pack(code)
+    _pad8(out)
+    out += bytes(lengths) if code == 0 else _raw(np.array(lengths, dtype=_INT_DTYPES[code]))
+
+
+def _encode_strs(values: Sequence[str], out: bytearray) -> None:
+    """Byte lengths and the UTF-8 blob of a column of ``str`` (lone surrogates pass through)."""
+    if sum(map(len, values)) < 256 * len(values):  # short strings: whole-column calls beat one call per string
+        text = "".join(values)
+        if text.isascii():
+            _encode_lengths(list(map(len, values)), out)
+            _pad8(out)
+            out += text.encode("ascii")
+            return
+    try:
+        encoded = list(map(str.encode, values))
+    except UnicodeEncodeError:  # a lone surrogate somewhere
+        encoded = [s.encode("utf-8", "surrogatepass") for s in values]
+    _encode_lengths(list(map(len, encoded)), out)
+    _pad8(out)
+    for b in encoded:  # (long strings: appending each costs less than joining them first)
+        out += b
+
+
 def _encode_column_body(values: Any, container: int, out: bytearray, level: int) -> int:
     """Append a column body to ``out``; return the encoding used.
 
@@ -604,12 +632,8 @@ def _encode_column_body(values: Any, container: int, out: bytearray, level: int)
     if len(types) == 1 and n:
         (t,) = types
         if t is str:
-            encoded = [s.encode("utf-8", "surrogatepass") for s in values]
             out += _U64.pack(n)
-            _encode_ints(np.fromiter(map(len, encoded), dtype=np.int64, count=n), out)
-            _pad8(out)
-            for b in encoded:
-                out += b
+            _encode_strs(values, out)
             return E_STR
         if t is float or t is bool:
             out += _U64.pack(n)

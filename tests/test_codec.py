@@ -285,6 +285,8 @@ FAST_PATHS: list[tuple[str, Any, int, int]] = [
     ("str", ["a", "", "héllo", "漢字", "\ud800x", "x" * 1000], C_LIST, E_STR),
     ("str-ascii", ["a", "bb", ""], C_LIST, E_STR),
     ("str-short-utf8", ["é", "漢", "a", "\udcff"], C_LIST, E_STR),
+    ("str-short-utf8-no-surrogate", ["é", "漢字", "", "🎉"], C_LIST, E_STR),
+    ("str-long-utf8", ["é" * 300, "x", "🎉" * 100], C_LIST, E_STR),
     ("str-long-ascii", ["a" * 100, "", "b" * 300], C_LIST, E_STR),
     ("float", [0.5, -0.0, math.nan, math.inf, -math.inf, 5e-324], C_LIST, E_F64),
     ("int", [0, -(2**63), 2**63 - 1, 7], C_LIST, E_INT),
