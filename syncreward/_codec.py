@@ -587,7 +587,8 @@ def _encode_lengths(lengths: list[int], out: bytearray) -> None:
 
 def _encode_strs(values: Sequence[str], out: bytearray) -> None:
     """Byte lengths and the UTF-8 blob of a column of ``str`` (lone surrogates pass through)."""
-    if sum(map(len, values)) < 256 * len(values):  # short strings: whole-column calls beat one call per string
+    # short strings, or not much text: whole-column calls (join, one encode) beat one call per string
+    if (nchars := sum(map(len, values))) < 256 * len(values) or nchars < 1 << 17:
         text = "".join(values)
         if text.isascii():
             _encode_lengths(list(map(len, values)), out)
