@@ -16,6 +16,7 @@ list of ``str``            byte lengths + one UTF-8 blob
 list of float / bool       one raw float64 / bool array
 list of int                one integer array of the narrowest dtype that holds every value
 list of lists of ints      row lengths + one flat integer array of the narrowest dtype (token ids)
+list of lists of str dicts row lengths, the keys, one string column per key (chat messages)
 numpy array / tensor       dtype, shape, raw bytes of the whole column
 PIL image (a value)        mode, size, palette, raw pixels (``Image.tobytes()``); named columns only
 object array, 2-D or more  its shape and one tagged value per element
@@ -53,6 +54,7 @@ import sys
 from collections import UserString
 from collections.abc import Sequence
 from itertools import chain, pairwise
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -80,7 +82,7 @@ C_LIST, C_TUPLE, C_NDARRAY, C_TENSOR = 0, 1, 2, 3
 CONTAINERS = {C_LIST: "list", C_TUPLE: "tuple", C_NDARRAY: "ndarray", C_TENSOR: "tensor"}
 
 # Column encodings.
-E_GENERIC, E_STR, E_F64, E_INT, E_BOOL, E_INTLISTS, E_ARRAY, E_TENSOR, E_OBJARRAY = range(9)
+E_GENERIC, E_STR, E_F64, E_INT, E_BOOL, E_INTLISTS, E_ARRAY, E_TENSOR, E_OBJARRAY, E_RECORDS = range(10)
 
 # Generic value tags.
 (
@@ -121,6 +123,10 @@ _TAG_LEN = struct.Struct("<BQ")
 # (56 bytes), and narrower lengths would let a hostile frame build 64x its size in empty lists. With this,
 # the fast paths decode to at most about 20x their bytes (uint16 ids: 2 bytes -> a 32-byte int + a pointer).
 _ROW_LENGTH_MIN_CODE = 2
+# A records (chat-format) column holds at least this many bytes per record (dict), else it is written
+# generically: a dict takes ~200 bytes, so a frame of empty records cannot decode to 100x its size.
+_RECORD_MIN_BYTES = 16
+_MAX_RECORD_KEYS = 64
 # Integer dtypes of the narrow integer encodings, by code. Codes 0-3 are unsigned (the only ones allowed
 # for lengths).
 _INT_DTYPES = tuple(np.dtype(d) for d in ("|u1", "<u2", "<u4", "<u8", "|i1", "<i2", "<i4", "<i8"))
@@ -605,6 +611,37 @@ def _encode_strs(values: Sequence[str], out: bytearray) -> None:
         out += b
 
 
+def _encode_records(rows: Sequence[list[Any]], n: int, out: bytearray) -> bool:
+    """Encode a column of lists of dicts that share one tuple of str keys and hold only str values.
+
+    That is a chat-format column -- TRL's conversational ``prompts`` and ``completions``, e.g.
+    ``[[{"role": "assistant", "content": "..."}], ...]`` -- written as row lengths, the keys, and one string
+    column per key. Returns False (writing nothing) for anything else.
+    """
+    records = list(chain.from_iterable(rows))
+    if not records or set(map(type, records)) != {dict}:
+        return False
+    keys = tuple(records[0])
+    if not 0 < len(keys) <= _MAX_RECORD_KEYS or set(map(type, keys)) != {str} or set(map(tuple, records)) != {keys}:
+        return False
+    columns = [list(map(itemgetter(k), records)) for k in keys]
+    if any(set(map(type, col)) != {str} for col in columns):
+        return False
+    mark = len(out)
+    out += _U64.pack(n)
+    _encode_ints(np.fromiter(map(len, rows), dtype=np.int64, count=n), out, _ROW_LENGTH_MIN_CODE)
+    _pad8(out)
+    out += _U64.pack(len(keys))
+    _encode_strs(keys, out)
+    for col in columns:
+        _pad8(out)
+        _encode_strs(col, out)
+    if len(records) * _RECORD_MIN_BYTES > len(out) - mark:  # records of (nearly) empty strings: see above
+        del out[mark:]
+        return False
+    return True
+
+
 def _encode_column_body(values: Any, container: int, out: bytearray, level: int) -> int:
     """Append a column body to ``out``; return the encoding used.
 
@@ -656,6 +693,8 @@ def _encode_column_body(values: Any, container: int, out: bytearray, level: int)
             _encode_ints(lengths, out, _ROW_LENGTH_MIN_CODE)
             _encode_ints(flat, out)
             return E_INTLISTS
+        if t is list and _encode_records(values, n, out):
+            return E_RECORDS
     out += _U64.pack(n)
     for v in values:
         _encode(v, out, level, 1)
@@ -1054,6 +1093,42 @@ def _rows(r: _Reader, n: int, min_code: int = 0) -> tuple[np.ndarray, list[int]]
     return lengths, offsets
 
 
+def _decode_strs(r: _Reader, n: int) -> list[str]:
+    """``n`` strings written by :func:`_encode_strs`."""
+    _, offsets = _rows(r, n)
+    r.align8()
+    raw = r.take(offsets[-1])
+    try:
+        if len(raw) < _ROW_DECODE_MIN * n:  # short strings: one decode, then slices if all ASCII
+            text = str(raw, "utf-8", "surrogatepass")
+            if len(text) == len(raw):  # all ASCII (any other character takes 2-4 bytes): offsets are indices
+                return [text[a:b] for a, b in pairwise(offsets)]
+        return [str(raw[a:b], "utf-8", "surrogatepass") for a, b in pairwise(offsets)]
+    except UnicodeDecodeError as e:
+        raise CodecError(f"corrupt payload: invalid UTF-8 ({e})") from None
+
+
+def _decode_records(r: _Reader, n: int) -> list[list[dict[str, str]]]:
+    start = r.pos - 8
+    _, offsets = _rows(r, n, _ROW_LENGTH_MIN_CODE)
+    total = offsets[-1]
+    if total * _RECORD_MIN_BYTES > r.end - start:
+        raise CodecError(f"corrupt payload: {total} records declared in {r.end - start} bytes")
+    r.align8()
+    nkeys = r.u64()
+    if not 0 < nkeys <= _MAX_RECORD_KEYS:
+        raise CodecError(f"corrupt payload: records of {nkeys} keys")
+    keys = _decode_strs(r, nkeys)
+    if len(set(keys)) != nkeys:
+        raise CodecError("corrupt payload: duplicate record keys")
+    columns = []
+    for _ in keys:
+        r.align8()
+        columns.append(_decode_strs(r, total))
+    records = [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+    return [records[a:b] for a, b in pairwise(offsets)]
+
+
 def _decode_column_body(r: _Reader, enc: int, end: int) -> Any:
     if enc in (E_TENSOR, E_ARRAY, E_OBJARRAY):
         column: np.ndarray | torch.Tensor
@@ -1079,17 +1154,9 @@ def _decode_column_body(r: _Reader, enc: int, end: int) -> Any:
             raise CodecError("corrupt payload: invalid bool")
         return np.frombuffer(raw, dtype=dtype).tolist()
     if enc == E_STR:
-        _, offsets = _rows(r, n)
-        r.align8()
-        raw = r.take(offsets[-1])
-        try:
-            if len(raw) < _ROW_DECODE_MIN * n:  # short strings: one decode, then slices if all ASCII
-                text = str(raw, "utf-8", "surrogatepass")
-                if len(text) == len(raw):  # all ASCII (any other character takes 2-4 bytes): offsets are indices
-                    return [text[a:b] for a, b in pairwise(offsets)]
-            return [str(raw[a:b], "utf-8", "surrogatepass") for a, b in pairwise(offsets)]
-        except UnicodeDecodeError as e:
-            raise CodecError(f"corrupt payload: invalid UTF-8 ({e})") from None
+        return _decode_strs(r, n)
+    if enc == E_RECORDS:
+        return _decode_records(r, n)
     if enc == E_INTLISTS:
         _, offsets = _rows(r, n, _ROW_LENGTH_MIN_CODE)
         flat = r.ints(offsets[-1])
@@ -1130,7 +1197,7 @@ def decode_frame(
             if (
                 (container == C_TENSOR) != (enc == E_TENSOR)
                 or (enc in (E_ARRAY, E_OBJARRAY) and container != C_NDARRAY)
-                or enc > E_OBJARRAY
+                or enc > E_RECORDS
             ):
                 raise CodecError(f"corrupt payload: column encoding {enc} does not fit container {container}")
             r.align8()

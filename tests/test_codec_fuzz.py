@@ -46,6 +46,7 @@ from syncreward._codec import (
     E_GENERIC,
     E_INT,
     E_INTLISTS,
+    E_RECORDS,
     E_STR,
     MAGIC,
     T_ARRAY,
@@ -141,7 +142,8 @@ def frames(draw: st.DrawFn) -> bytes:
     n = draw(st.integers(0, 6))
     kinds = draw(
         st.lists(
-            st.sampled_from(["str", "float", "int", "bool", "ids", "generic", "array", "tensor", "tuple"]), max_size=4
+            st.sampled_from(["str", "float", "int", "bool", "ids", "generic", "array", "tensor", "tuple", "chat"]),
+            max_size=4,
         )
     )
     cols = []
@@ -160,6 +162,9 @@ def frames(draw: st.DrawFn) -> bytes:
             cols.append(Column(name, C_LIST, draw(st.lists(ids, min_size=n, max_size=n))))
         elif kind == "generic":
             cols.append(Column(name, C_LIST, draw(st.lists(values, min_size=n, max_size=n))))
+        elif kind == "chat":
+            message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": st.text()})
+            cols.append(Column(name, C_LIST, draw(st.lists(st.lists(message, max_size=3), min_size=n, max_size=n))))
         elif kind == "tuple":
             cols.append(Column(name, C_TUPLE, tuple(draw(st.lists(st.text(max_size=3), min_size=n, max_size=n)))))
         elif kind == "array":
@@ -300,6 +305,11 @@ def representative_frames() -> list[bytes]:
         Column("ids", C_LIST, [[1, 2], [], [3]]),
         Column("g", C_LIST, [None, {"a": 1}, (2,)]),
         Column("t", C_TUPLE, ("x", "y", "z")),
+        Column(
+            "m",
+            C_LIST,
+            [[{"role": "assistant", "content": "hello world!"}], [], [{"role": "u", "content": "é漢字..."}]],
+        ),
         Column("a", C_NDARRAY, np.arange(6, dtype=np.int32).reshape(3, 2)),
         Column("x", C_TENSOR, torch.ones(3, 2)),
     ]
@@ -424,6 +434,34 @@ def absurd_payloads() -> list[tuple[str, Callable[[bytes], Any], bytes]]:
                 E_INTLISTS,
                 8 + 8 + 2**16 + 8,
                 _u64(2**16) + _ints(0, [0] * 2**16) + _ints(0, []),
+            ),
+        ),
+        (
+            "records, 2**40 records in a row",
+            decode_frame,
+            _frame(1, 1, b"a", C_LIST, E_RECORDS, 8 + 16 + 8, _u64(1) + _ints(3, [2**40]) + _u64(1)),
+        ),
+        (
+            "records, fewer than 16 bytes each",
+            decode_frame,
+            _frame(1, 1, b"a", C_LIST, E_RECORDS, 8 + 16 + 24, _u64(1) + _ints(2, [4]) + _u64(1) + b"\x00" * 16),
+        ),
+        (
+            "records, 2**20 keys",
+            decode_frame,
+            _frame(1, 1, b"a", C_LIST, E_RECORDS, 8 + 16 + 8 + 8, _u64(1) + _ints(2, [0]) + _u64(2**20) + b"\x00" * 8),
+        ),
+        (
+            "records of duplicate keys",
+            decode_frame,
+            _frame(
+                1,
+                1,
+                b"a",
+                C_LIST,
+                E_RECORDS,
+                8 + 16 + 8 + 16 + 8,
+                _u64(1) + _ints(2, [0]) + _u64(2) + _ints(0, [1, 1]) + b"aa" + b"\x00" * 6,
             ),
         ),
         (
