@@ -32,6 +32,9 @@ from ._wire import NO_STEP
 
 __all__ = ["TRL_SHARED", "Binder", "Bound", "NotSynced"]
 
+_VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
+_VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
+
 #: Arguments TRL's GRPOTrainer passes that are shared by the whole batch.
 TRL_SHARED = frozenset({"trainer_state", "log_extra", "log_metric"})
 
@@ -83,6 +86,18 @@ class Bound:
     """Local batch size."""
     step: int = NO_STEP
     """The training step the call belongs to (see :func:`call_step`), part of the call's header."""
+    kinds: dict[str, inspect._ParameterKind] = field(default_factory=dict)
+    """Each parameter's kind (looked up once per function, not per call)."""
+
+    def shared_value(self, name: str) -> Any:
+        """A named argument, or one that reached ``**kwargs`` (``None`` if the call has none)."""
+        args = self.arguments.arguments
+        if name in args and self.kinds.get(name) is not _VAR_KEYWORD:
+            return args[name]
+        for pname, kind in self.kinds.items():
+            if kind is _VAR_KEYWORD and pname in args:
+                return args[pname].get(name)
+        return None
 
     def call_args(
         self, values: dict[str, Any], dropped: Collection[str] = ()
@@ -93,10 +108,10 @@ class Bound:
             reasons[name] = "it holds objects other than plain data on at least one rank"
         ba = inspect.BoundArguments(self.arguments.signature, dict(self.arguments.arguments))
         for pname, value in ba.arguments.items():
-            kind = ba.signature.parameters[pname].kind
-            if kind is inspect.Parameter.VAR_KEYWORD:
+            kind = self.kinds[pname]
+            if kind is _VAR_KEYWORD:
                 ba.arguments[pname] = {k: _pick(k, v, values, reasons) for k, v in value.items()}
-            elif kind is inspect.Parameter.VAR_POSITIONAL:
+            elif kind is _VAR_POSITIONAL:
                 ba.arguments[pname] = tuple(_pick(f"*{pname}[{i}]", v, values, reasons) for i, v in enumerate(value))
             else:
                 ba.arguments[pname] = _pick(pname, value, values, reasons)
@@ -151,6 +166,7 @@ class Binder:
         shared: Collection[str] | str,
     ) -> None:
         self.signature = inspect.signature(fn)
+        self.kinds = {name: p.kind for name, p in self.signature.parameters.items()}
         self.include = _names("include", include)
         self.exclude = _names("exclude", exclude) or frozenset()
         user_shared = _names("shared", shared) or frozenset()
@@ -161,12 +177,13 @@ class Binder:
 
     def _slots(self, ba: inspect.BoundArguments) -> Iterator[tuple[str, Any, bool]]:
         """Yield ``(name, value, named_by_function)`` for every argument of the call."""
+        kinds = self.kinds
         for pname, value in ba.arguments.items():
-            kind = self.signature.parameters[pname].kind
-            if kind is inspect.Parameter.VAR_KEYWORD:
+            kind = kinds[pname]
+            if kind is _VAR_KEYWORD:
                 for k, v in value.items():
                     yield k, v, False
-            elif kind is inspect.Parameter.VAR_POSITIONAL:
+            elif kind is _VAR_POSITIONAL:
                 for i, v in enumerate(value):
                     yield f"*{pname}[{i}]", v, True
             else:
@@ -225,4 +242,6 @@ class Binder:
                 "per-sample, pass shared=[<name>] to synced_reward."
             )
         columns.sort(key=lambda c: c.name)
-        return Bound(ba, columns, frozenset(droppable), excluded, next(iter(lengths.values())), call_step(shared))
+        return Bound(
+            ba, columns, frozenset(droppable), excluded, next(iter(lengths.values())), call_step(shared), self.kinds
+        )

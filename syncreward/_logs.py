@@ -22,14 +22,7 @@ Record = tuple[str, str, Any]  # ("extra", column, values) or ("metric", name, v
 
 def _caller_function(bound: Bound | None, name: str) -> Callable[..., Any] | None:
     """The caller's own ``log_extra``/``log_metric``, if the call passed one (named or through ``**kwargs``)."""
-    if bound is None:
-        return None
-    args = bound.arguments.arguments
-    value = args.get(name)
-    if value is None:
-        for pname, v in args.items():
-            if bound.arguments.signature.parameters[pname].kind.name == "VAR_KEYWORD":
-                value = v.get(name)
+    value = bound.shared_value(name) if bound is not None else None
     return value if callable(value) else None
 
 
