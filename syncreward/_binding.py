@@ -34,6 +34,7 @@ __all__ = ["TRL_SHARED", "Binder", "Bound", "NotSynced"]
 
 _VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
 _VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
+_BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 #: Arguments TRL's GRPOTrainer passes that are shared by the whole batch.
 TRL_SHARED = frozenset({"trainer_state", "log_extra", "log_metric"})
@@ -75,7 +76,8 @@ class NotSynced:
 class Bound:
     """One call's arguments, split into per-sample columns and everything else."""
 
-    arguments: inspect.BoundArguments
+    arguments: dict[str, Any]
+    """The call's arguments by parameter name (``**kwargs`` as one dict), as ``inspect`` binds them."""
     columns: list[Column]
     """Per-sample columns to exchange, sorted by name."""
     droppable: frozenset[str]
@@ -88,10 +90,12 @@ class Bound:
     """The training step the call belongs to (see :func:`call_step`), part of the call's header."""
     kinds: dict[str, inspect._ParameterKind] = field(default_factory=dict)
     """Each parameter's kind (looked up once per function, not per call)."""
+    signature: inspect.Signature | None = None
+    """Set when the call passed positional arguments: they are passed positionally again."""
 
     def shared_value(self, name: str) -> Any:
         """A named argument, or one that reached ``**kwargs`` (``None`` if the call has none)."""
-        args = self.arguments.arguments
+        args = self.arguments
         if name in args and self.kinds.get(name) is not _VAR_KEYWORD:
             return args[name]
         for pname, kind in self.kinds.items():
@@ -106,16 +110,25 @@ class Bound:
         reasons = dict(self.excluded)
         for name in dropped:
             reasons[name] = "it holds objects other than plain data on at least one rank"
-        ba = inspect.BoundArguments(self.arguments.signature, dict(self.arguments.arguments))
-        for pname, value in ba.arguments.items():
+        arguments: dict[str, Any] = {}
+        for pname, value in self.arguments.items():
             kind = self.kinds[pname]
             if kind is _VAR_KEYWORD:
-                ba.arguments[pname] = {k: _pick(k, v, values, reasons) for k, v in value.items()}
+                arguments[pname] = {k: _pick(k, v, values, reasons) for k, v in value.items()}
             elif kind is _VAR_POSITIONAL:
-                ba.arguments[pname] = tuple(_pick(f"*{pname}[{i}]", v, values, reasons) for i, v in enumerate(value))
+                arguments[pname] = tuple(_pick(f"*{pname}[{i}]", v, values, reasons) for i, v in enumerate(value))
             else:
-                ba.arguments[pname] = _pick(pname, value, values, reasons)
-        return ba.args, ba.kwargs
+                arguments[pname] = _pick(pname, value, values, reasons)
+        if self.signature is not None:  # called with positional arguments: keep them positional
+            ba = inspect.BoundArguments(self.signature, arguments)  # type: ignore[arg-type]
+            return ba.args, ba.kwargs
+        kwargs: dict[str, Any] = {}
+        for pname, value in arguments.items():
+            if self.kinds[pname] is _VAR_KEYWORD:
+                kwargs.update(value)
+            else:
+                kwargs[pname] = value
+        return (), kwargs
 
 
 def _pick(name: str, original: Any, values: dict[str, Any], reasons: dict[str, str]) -> Any:
@@ -167,6 +180,11 @@ class Binder:
     ) -> None:
         self.signature = inspect.signature(fn)
         self.kinds = {name: p.kind for name, p in self.signature.parameters.items()}
+        params = self.signature.parameters.values()
+        self._var_keyword = next((p.name for p in params if p.kind is _VAR_KEYWORD), None)
+        self._required = [p.name for p in params if p.default is p.empty and p.kind in _BY_NAME]
+        # keyword-only calls (TRL's) bind without inspect when no parameter is positional-only or *args
+        self._fast = all(p.kind in _BY_NAME or p.kind is _VAR_KEYWORD for p in params)
         self.include = _names("include", include)
         self.exclude = _names("exclude", exclude) or frozenset()
         user_shared = _names("shared", shared) or frozenset()
@@ -175,10 +193,30 @@ class Binder:
         if clash:
             raise ValueError(f"columns {sorted(clash)} are both shared and included/excluded; pick one")
 
-    def _slots(self, ba: inspect.BoundArguments) -> Iterator[tuple[str, Any, bool]]:
+    def _bind_keywords(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """``inspect``'s binding of a keyword-only call, or ``None`` to let ``inspect`` do it (and raise)."""
+        if not self._fast:
+            return None
+        kinds, arguments = self.kinds, {}
+        extra: dict[str, Any] = {}
+        for k, v in kwargs.items():
+            kind = kinds.get(k)
+            if kind is not None and kind is not _VAR_KEYWORD:
+                arguments[k] = v
+            elif self._var_keyword is not None:
+                extra[k] = v
+            else:
+                return None
+        if any(name not in arguments for name in self._required):
+            return None
+        if extra:
+            arguments[self._var_keyword] = extra  # type: ignore[index]
+        return arguments
+
+    def _slots(self, arguments: dict[str, Any]) -> Iterator[tuple[str, Any, bool]]:
         """Yield ``(name, value, named_by_function)`` for every argument of the call."""
         kinds = self.kinds
-        for pname, value in ba.arguments.items():
+        for pname, value in arguments.items():
             kind = kinds[pname]
             if kind is _VAR_KEYWORD:
                 for k, v in value.items():
@@ -196,13 +234,17 @@ class Binder:
             TypeError: the arguments do not fit the function's signature.
             InputError: per-sample columns of different lengths, or an ``include``d column that is not one.
         """
-        ba = self.signature.bind(*args, **kwargs)
+        arguments = None if args else self._bind_keywords(kwargs)
+        positional = None
+        if arguments is None:
+            arguments = dict(self.signature.bind(*args, **kwargs).arguments)
+            positional = self.signature if args else None
         columns: list[Column] = []
         droppable: set[str] = set()
         excluded: dict[str, str] = {}
         lengths: dict[str, int] = {}
         shared: dict[str, Any] = {}
-        for name, value, named in self._slots(ba):
+        for name, value, named in self._slots(arguments):
             if name in self.shared:
                 shared[name] = value
                 continue
@@ -225,7 +267,7 @@ class Binder:
             if not named and self.include is None:
                 droppable.add(name)
             columns.append(Column(name, container, value))
-        missing = (self.include or frozenset()) - {name for name, _, _ in self._slots(ba)}
+        missing = (self.include or frozenset()) - {name for name, _, _ in self._slots(arguments)}
         if missing:
             raise InputError(f"include names {sorted(missing)}, but the call has no such argument")
         if not lengths:
@@ -242,6 +284,5 @@ class Binder:
                 "per-sample, pass shared=[<name>] to synced_reward."
             )
         columns.sort(key=lambda c: c.name)
-        return Bound(
-            ba, columns, frozenset(droppable), excluded, next(iter(lengths.values())), call_step(shared), self.kinds
-        )
+        n = next(iter(lengths.values()))
+        return Bound(arguments, columns, frozenset(droppable), excluded, n, call_step(shared), self.kinds, positional)

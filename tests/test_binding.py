@@ -48,8 +48,20 @@ def test_shared_values_pass_through_untouched() -> None:
     args, kwargs = bound.call_args({"completions": ["x"] * 3, "solution": ["y"] * 3}, dropped=["image"])
     assert kwargs["trainer_state"] is call["trainer_state"]
     assert kwargs["log_extra"] is print
-    assert args == (["x"] * 3, ["y"] * 3)
+    # a keyword-only call (TRL's) is passed on by keyword
+    assert args == ()
+    assert (kwargs["completions"], kwargs["solution"]) == (["x"] * 3, ["y"] * 3)
     assert isinstance(kwargs["image"], NotSynced)
+
+
+def test_positional_calls_stay_positional() -> None:
+    def f(completions, /, solution, *rest, **kwargs):  # type: ignore[no-untyped-def]
+        return completions
+
+    bound = Binder(f, include=None, exclude=(), shared=()).bind((["a"], ["b"], ["c"]), {"extra": ["d"]})
+    args, kwargs = bound.call_args({"completions": ["A", "B"], "solution": ["S", "T"]})
+    assert args[:2] == (["A", "B"], ["S", "T"])
+    assert kwargs == {"extra": ["d"]}
 
 
 def test_not_synced_placeholder_fails_loudly_but_reprs() -> None:
