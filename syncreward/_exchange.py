@@ -17,7 +17,16 @@ import numpy as np
 from ._codec import decode_value
 from ._errors import CodecError, MismatchError, RemoteError
 from ._session import Raise, Session
-from ._wire import HEADER_BYTES, HEADER_LEN, VERSION, Dests, Headers, dropped_names, offsets, remainder_counts, split
+from ._wire import (
+    HEADER_BYTES,
+    HEADER_LEN,
+    VERSION,
+    Headers,
+    dropped_names,
+    offsets,
+    remainder_counts,
+    split,
+)
 
 __all__ = ["Inbound", "all_to_all", "broadcast_blobs", "exchange_inbound", "report_failures"]
 
@@ -115,7 +124,7 @@ def exchange_inbound(
     *,
     header: bytes,
     payload: bytes | bytearray,
-    dests: Dests | None,
+    route: np.ndarray | None,
     error: BaseException | None,
     blob: bytes,
     description: str,
@@ -124,7 +133,9 @@ def exchange_inbound(
     timeout: float,
     function: str,
 ) -> Inbound | Raise:
-    """Send every rank this rank's header plus the start of its payload to ``dests``; complete the payloads.
+    """Send every rank this rank's header plus the start of its payload where ``route`` says; complete the payloads.
+
+    ``route[src, dst]`` says whether ``src``'s payload goes to ``dst`` (``None``: no payload travels).
 
     One ``all_to_all``: the block to rank ``d`` is the header followed by an *eager* chunk of the size the
     session's predictor gives every rank for this pair (sizes every rank computes alike, so the collective
@@ -134,10 +145,7 @@ def exchange_inbound(
     """
     w, me = session.world_size, session.rank
     eager = session.predictor.predict()
-    if dests is not None:  # each rank's destinations, once
-        routes = [tuple(dests(s)) for s in range(w)]
-        dests = routes.__getitem__
-    mine = dests(me) if dests is not None and error is None else ()
+    mine = frozenset(np.flatnonzero(route[me]).tolist()) if route is not None and error is None else frozenset()
     send = bytearray()
     send_counts = []
     for d in range(w):
@@ -151,7 +159,7 @@ def exchange_inbound(
     buf = all_to_all(session, send, send_counts, recv_counts, 0, timeout)
     blocks = split(buf, recv_counts)
     headers = Headers(np.stack([b[:HEADER_BYTES].view(np.int64) for b in blocks]).reshape(w, HEADER_LEN))
-    session.predictor.update(headers, dests)
+    session.predictor.update(headers, route)
     if headers.versions != {VERSION}:
         return Raise(
             MismatchError(
@@ -168,17 +176,17 @@ def exchange_inbound(
         return _mismatch(session, headers, description, timeout)
     counts = headers.counts
     inbound = Inbound(headers, counts, offsets(counts), dropped_names(names, droppable, headers.masks))
-    if dests is None:
+    if route is None:
         return inbound
     sizes = headers.sizes
     for s in range(w):
-        if me in dests(s):
+        if route[s, me]:
             inbound.frames[s] = blocks[s][HEADER_BYTES : HEADER_BYTES + sizes[s]]
-    rest = remainder_counts(sizes, eager, dests)
-    if any(any(r) for r in rest):
-        out = b"".join(payload[int(eager[me, d]) :] if rest[me][d] else b"" for d in range(w) if d in mine)
-        recv = [rest[s][me] for s in range(w)]
-        parts = split(all_to_all(session, out, rest[me], recv, 0, timeout), recv)
+    rest = remainder_counts(sizes, eager, route)
+    if rest.any():
+        out = b"".join(payload[int(eager[me, d]) :] if rest[me, d] else b"" for d in range(w) if d in mine)
+        recv = rest[:, me].tolist()
+        parts = split(all_to_all(session, out, rest[me].tolist(), recv, 0, timeout), recv)
         for s in range(w):
             if recv[s]:
                 inbound.frames[s] = inbound.frames[s].tobytes() + parts[s].tobytes()

@@ -50,6 +50,7 @@ __all__ = [
     "fingerprint",
     "offsets",
     "remainder_counts",
+    "routes",
     "ResultPredictor",
     "split",
 ]
@@ -210,20 +211,29 @@ def split(buf: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
 Dests = Callable[[int], Sequence[int]]
 
 
-def eager_sizes(sizes: Sequence[int], dests: Dests) -> np.ndarray:
-    """Per-pair eager chunk sizes ``[src, dst]`` for a call whose payloads are ``sizes`` bytes."""
-    w = len(sizes)
-    out = np.zeros((w, w), dtype=np.int64)
-    for s in range(w):
-        for d in dests(s):
-            out[s, d] = min(MAX_EAGER, max(0, round8(int(sizes[s] * EAGER_MARGIN))))
+def routes(world_size: int, dests: Dests) -> np.ndarray:
+    """The ``(src, dst)`` boolean matrix of where a mode sends payloads (built once per call: O(W²))."""
+    out = np.zeros((world_size, world_size), dtype=bool)
+    for s in range(world_size):
+        out[s, list(dests(s))] = True
     return out
 
 
-def remainder_counts(sizes: Sequence[int], eager: np.ndarray, dests: Dests) -> list[list[int]]:
-    """``rest[src][dst]``: bytes of ``src``'s payload that did not fit in its eager chunk to ``dst``."""
-    w = len(sizes)
-    return [[max(0, sizes[s] - int(eager[s, d])) if d in dests(s) else 0 for d in range(w)] for s in range(w)]
+def eager_sizes(sizes: Sequence[int], route: np.ndarray | Dests) -> np.ndarray:
+    """Per-pair eager chunk sizes ``[src, dst]`` for a call whose payloads are ``sizes`` bytes."""
+    if callable(route):
+        route = routes(len(sizes), route)
+    per_src = np.asarray(sizes, dtype=np.float64) * EAGER_MARGIN
+    chunk = np.clip((per_src.astype(np.int64) + 7) // 8 * 8, 0, MAX_EAGER)
+    return np.where(route, chunk[:, None], 0).astype(np.int64)
+
+
+def remainder_counts(sizes: Sequence[int], eager: np.ndarray, route: np.ndarray | Dests) -> np.ndarray:
+    """``rest[src, dst]``: bytes of ``src``'s payload that did not fit in its eager chunk to ``dst``."""
+    if callable(route):
+        route = routes(len(sizes), route)
+    rest = np.asarray(sizes, dtype=np.int64)[:, None] - eager
+    return np.where(route, np.maximum(rest, 0), 0).astype(np.int64)
 
 
 class Predictor:
@@ -249,7 +259,7 @@ class Predictor:
         sizes = self.sizes.get(nxt)
         return sizes if sizes is not None else np.zeros((self.world_size, self.world_size), dtype=np.int64)
 
-    def update(self, headers: Headers, dests: Dests | None) -> None:
+    def update(self, headers: Headers, dests: np.ndarray | Dests | None) -> None:
         """Record a call: ``dests`` is how its mode routes payloads (``None``: no eager payload)."""
         fp = headers.fp
         self._put(self.after, self.last, fp)

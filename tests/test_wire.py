@@ -7,6 +7,7 @@ import pytest
 
 from syncreward._codec import decode_value
 from syncreward._wire import (
+    BASE_CAPACITY,
     DROP_BITS,
     FAILED,
     HEADER_LEN,
@@ -15,7 +16,6 @@ from syncreward._wire import (
     OK,
     Headers,
     Predictor,
-    BASE_CAPACITY,
     ResultChunk,
     ResultPredictor,
     drop_mask,
@@ -25,6 +25,7 @@ from syncreward._wire import (
     offsets,
     pack_header,
     remainder_counts,
+    routes,
     split,
 )
 
@@ -123,8 +124,20 @@ def test_eager_sizes_follow_the_routes_with_a_margin_and_a_cap() -> None:
 
 def test_remainder_is_what_did_not_fit() -> None:
     eager = np.array([[0, 0], [64, 0]], dtype=np.int64)
-    assert remainder_counts([0, 100], eager, to_root) == [[0, 0], [36, 0]]
-    assert remainder_counts([0, 50], eager, to_root) == [[0, 0], [0, 0]]
+    assert remainder_counts([0, 100], eager, to_root).tolist() == [[0, 0], [36, 0]]
+    assert remainder_counts([0, 50], eager, to_root).tolist() == [[0, 0], [0, 0]]
+
+
+def test_size_arithmetic_is_quadratic_not_cubic_in_world_size() -> None:
+    """At W=1024 the per-call size arithmetic of replicate (every pair routed) stays well under a second."""
+    w = 1024
+    sizes = list(range(w))
+    route = routes(w, to_all(w))
+    eager = eager_sizes(sizes, route)
+    rest = remainder_counts([s + 1000 for s in sizes], eager, route)
+    assert eager.shape == rest.shape == (w, w)
+    assert rest[0, 0] == 0
+    assert (rest[1:, 0] > 0).all()
 
 
 # --------------------------------------------------------------------------------------------- predictions

@@ -16,10 +16,11 @@ exception that escapes a hook is a transport failure and breaks the session.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._batch import concat
@@ -199,12 +200,13 @@ class Mode:
 class GatherMode(Mode):
     """A mode whose scoring ranks get the whole batch (``main``, ``replicate``): one gather, then score.
 
-    Subclasses say where payloads go (:meth:`dests`), who scores (:meth:`scores_here`) and what
+    Subclasses say where payloads go (:meth:`route`), who scores (:meth:`scores_here`) and what
     ``log_extra``/``log_metric`` become (:meth:`proxies`). :meth:`scoring_for` builds a rank's scoring
     inputs from the global columns -- freshly gathered, or kept from an earlier call of a reward group.
     """
 
-    def dests(self, src: int, world_size: int) -> Sequence[int]:
+    def route(self, world_size: int) -> np.ndarray:
+        """``route[src, dst]``: whether ``src``'s payload goes to ``dst``."""
         raise NotImplementedError
 
     def scores_here(self, call: Call) -> bool:
@@ -232,7 +234,7 @@ class GatherMode(Mode):
             call.session,
             header=call.header(len(payload)),
             payload=payload,
-            dests=lambda src: self.dests(src, w),
+            route=self.route(w),
             error=call.error,
             blob=call.blob,
             description=call.description,

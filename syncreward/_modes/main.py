@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .._batch import rebuild_result, result_columns, take
 from .._codec import Column, decode_frame, decode_value, encode_frame, is_plain
 from .._errors import CodecError, MismatchError, RemoteError
@@ -42,8 +44,11 @@ class MainMode(GatherMode):
             else:
                 encode_frame([col], call.bound.n)  # raises the codec's UnsupportedTypeError for this column
 
-    def dests(self, src: int, world_size: int) -> tuple[int, ...]:
-        return () if src == ROOT else (ROOT,)
+    def route(self, world_size: int) -> np.ndarray:
+        out = np.zeros((world_size, world_size), dtype=bool)
+        out[:, ROOT] = True
+        out[ROOT, ROOT] = False
+        return out
 
     def scores_here(self, call: Call) -> bool:
         return call.rank == ROOT

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .._batch import rebuild_result, result_columns, take
 from .._codec import Column
 from .._errors import MismatchError
@@ -24,8 +26,8 @@ __all__ = ["ReplicateMode"]
 class ReplicateMode(GatherMode):
     name = "replicate"
 
-    def dests(self, src: int, world_size: int) -> list[int]:
-        return [d for d in range(world_size) if d != src]
+    def route(self, world_size: int) -> np.ndarray:
+        return ~np.eye(world_size, dtype=bool)
 
     def scores_here(self, call: Call) -> bool:
         return True

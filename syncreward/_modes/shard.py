@@ -101,7 +101,7 @@ class ShardMode(Mode):
             session,
             header=call.header(0, len(key_frame)),
             payload=b"",
-            dests=None,
+            route=None,
             error=call.error,
             blob=call.blob,
             description=call.description,
