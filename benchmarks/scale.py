@@ -372,9 +372,10 @@ def wire_cpu(sizes: list[int], frame: int) -> dict[str, Any]:
     """Single-process CPU time of the per-call size arithmetic every rank runs in the inbound exchange.
 
     ``Predictor.update`` (``eager_sizes``) and ``remainder_counts`` run on every rank for every ``main``
-    and ``replicate`` call, with the routes of the mode: ``main`` routes each rank to rank 0, ``replicate``
-    to every other rank (a W-1 tuple, tested with ``in`` for each of W x W pairs).
+    and ``replicate`` call, over the mode's route matrix (``main``: every rank to rank 0; ``replicate``:
+    every rank to every other rank), as numpy expressions.
     """
+    from syncreward._modes import MODES
     from syncreward._wire import eager_sizes, remainder_counts
 
     def best(fn: Any, reps: int) -> float:
@@ -388,18 +389,13 @@ def wire_cpu(sizes: list[int], frame: int) -> dict[str, Any]:
     rows = {}
     for w in sizes:
         payload = [frame] * w
-        routes: dict[str, list[tuple[int, ...]]] = {
-            "main": [() if s == 0 else (0,) for s in range(w)],
-            "replicate": [tuple(d for d in range(w) if d != s) for s in range(w)],
-        }
         reps = 3 if w <= 256 else 1
         row: dict[str, Any] = {"matrix_bytes": 8 * w * w}
-        for mode, r in routes.items():
-            e = eager_sizes(payload, r.__getitem__)
-            row[f"{mode}_eager_sizes_ms"] = best(lambda p=payload, r=r: eager_sizes(p, r.__getitem__), reps)
-            row[f"{mode}_remainder_counts_ms"] = best(
-                lambda p=payload, e=e, r=r: remainder_counts(p, e, r.__getitem__), reps
-            )
+        for mode in ("main", "replicate"):
+            route = MODES[mode].route(w)  # type: ignore[attr-defined]
+            e = eager_sizes(payload, route)
+            row[f"{mode}_eager_sizes_ms"] = best(lambda p=payload, r=route: eager_sizes(p, r), reps)
+            row[f"{mode}_remainder_counts_ms"] = best(lambda p=payload, e=e, r=route: remainder_counts(p, e, r), reps)
         rows[str(w)] = row
         print(f"wire arithmetic W={w}: {row}", file=sys.stderr, flush=True)
     return rows

@@ -61,6 +61,12 @@ def _is_timeout(e: BaseException) -> bool:
 def _translate(e: BaseException, what: str, rank: int) -> CommunicationError:
     """The one mapping from torch.distributed / gloo failures to syncreward's errors."""
     message = _first_line(e)
+    if "too many open files" in str(e).lower():
+        return CommunicationError(
+            f"syncreward {what} failed on rank {rank}: {message}. HINT: the process ran out of file descriptors; "
+            "syncreward's two gloo groups hold about 2 x world_size sockets per rank (docs/scale.md): raise "
+            "`ulimit -n`. The group is now unusable."
+        )
     if _is_timeout(e):
         return SyncTimeoutError(
             f"syncreward {what} timed out on rank {rank}: {message}. HINT: a rank did not arrive in time (hung, "
