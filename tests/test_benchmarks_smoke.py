@@ -65,3 +65,18 @@ def test_bench_exchange_smoke(tmp_path: Path) -> None:
     assert "| `main` |" in (tmp_path / "tables.md").read_text()
     if "--plot-dir" in cmd:
         assert (tmp_path / "img" / "performance.png").stat().st_size > 10_000
+
+
+def test_scale_model_smoke(tmp_path: Path) -> None:
+    """benchmarks/scale.py runs and its closed-form model matches the counts it measures (W=2, 3)."""
+    out = tmp_path / "scale.json"
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "scale.py"),
+        "--world-sizes", "2", "3", "--calls", "2", "--warmup", "2", "--wire-cpu", "8",
+        "--fd-headroom", "0", "--timeout", "60", "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    results = json.loads(out.read_text())
+    assert results["model_exact"], results
