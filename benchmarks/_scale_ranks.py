@@ -45,7 +45,10 @@ def trl_batch(rank: int, step: int, n: int, ids: int) -> dict[str, Any]:
     return {
         "prompts": [f"Question {rank:05d}-{i:03d}: what is {i} + {i}? Reason step by step." for i in range(n)],
         "completions": [f"Step {step:06d}: {i} + {i} = {2 * i:03d}. The answer is {2 * i:03d}." for i in range(n)],
-        "completion_ids": [[(rank * 7919 + step * 31 + i * 17 + k) % 151_936 for k in range(ids)] for i in range(n)],
+        # ids in [70,000, 151,936): the codec's narrowest dtype (uint32) is the same for every rank and step
+        "completion_ids": [
+            [70_000 + (rank * 7919 + step * 31 + i * 17 + k) % 81_936 for k in range(ids)] for i in range(n)
+        ],
         "solution": [f"{2 * i:03d}" for i in range(n)],
         "trainer_state": TrainerState(global_step=step),
         "log_extra": lambda column, values: None,
