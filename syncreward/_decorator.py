@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast, overload
 
 from typing_extensions import ParamSpec
@@ -195,21 +196,12 @@ def synced_reward(
         [0.0, 1.0, 0.5]
     """
     _check_options(mode, backend, timeout, group_size, group_by)
-    options = dict(
-        mode=mode,
-        backend=backend,
-        timeout=timeout,
-        group_size=group_size,
-        group_by=group_by,
-        include=include,
-        exclude=exclude,
-        shared=shared,
-        allow_pickle=allow_pickle,
-        process_group=process_group,
+    options = _Options(
+        mode, backend, timeout, group_size, group_by, include, exclude, shared, allow_pickle, process_group
     )
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
-        return cast(Callable[P, R], wrap(func, MODES[mode], **options))  # type: ignore[arg-type]
+        return cast(Callable[P, R], wrap(func, MODES[mode], options))
 
     if fn is not None:
         return decorate(fn)
@@ -275,68 +267,43 @@ def synced_rewards(
     base = MODES[mode]
     assert isinstance(base, GatherMode)
     impl = GroupMode(base, RewardGroup())
-    return tuple(
-        wrap(
-            fn,
-            impl,
-            mode=mode,
-            backend=backend,
-            timeout=timeout,
-            group_size=None,
-            group_by=None,
-            include=include,
-            exclude=exclude,
-            shared=shared,
-            allow_pickle=allow_pickle,
-            process_group=process_group,
-        )
-        for fn in fns
-    )
+    options = _Options(mode, backend, timeout, None, None, include, exclude, shared, allow_pickle, process_group)
+    return tuple(wrap(fn, impl, options) for fn in fns)
 
 
-def wrap(
-    func: Any,
-    impl: ModeImpl,
-    *,
-    mode: str,
-    backend: str | Backend,
-    timeout: float,
-    group_size: int | None,
-    group_by: str | None,
-    include: Collection[str] | str | None,
-    exclude: Collection[str] | str,
-    shared: Collection[str] | str,
-    allow_pickle: bool,
-    process_group: Any,
-) -> Any:
-    """The synced wrapper of one function (options already checked); ``impl`` is the mode that runs its calls."""
+@dataclass(frozen=True)
+class _Options:
+    """A synced function's options, checked once (``_check_options``)."""
+
+    mode: str
+    backend: str | Backend
+    timeout: float
+    group_size: int | None
+    group_by: str | None
+    include: Collection[str] | str | None
+    exclude: Collection[str] | str
+    shared: Collection[str] | str
+    allow_pickle: bool
+    process_group: Any
+
+
+def wrap(func: Any, impl: ModeImpl, options: _Options) -> Any:
+    """The synced wrapper of one function; ``impl`` is the mode object that runs its calls."""
     if isinstance(func, (staticmethod, classmethod)):  # @synced_reward above @staticmethod / @classmethod
-        inner = wrap(
-            func.__func__,
-            impl,
-            mode=mode,
-            backend=backend,
-            timeout=timeout,
-            group_size=group_size,
-            group_by=group_by,
-            include=include,
-            exclude=exclude,
-            shared=shared,
-            allow_pickle=allow_pickle,
-            process_group=process_group,
-        )
-        return type(func)(inner)
+        return type(func)(wrap(func.__func__, impl, options))
+    backend, process_group, group_by = options.backend, options.process_group, options.group_by
+    include, exclude, shared = options.include, options.exclude, options.shared
     binder = Binder(func, include=include, exclude=exclude, shared=shared)
     if group_by is not None and group_by in binder.shared:
         raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
     spec = Spec(
         fn=func,
         name=_stable_name(func),
-        mode=mode,
-        timeout=float(timeout),
-        group_size=group_size,
+        mode=options.mode,
+        timeout=float(options.timeout),
+        group_size=options.group_size,
         group_by=group_by,
-        allow_pickle=allow_pickle,
+        allow_pickle=options.allow_pickle,
         binder=binder,
         impl=impl,
     )

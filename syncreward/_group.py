@@ -99,16 +99,11 @@ class GroupMode(Mode):
                 base.prepare(call)
             except Exception as e:
                 call.error, call.blob = e, error_blob(e)
-        got = base.exchange(call)
+        got = call.exchange(call.frame, base.route(call.world_size))
         if isinstance(got, Raise):
             self.group.forget(session)
             return got
-        values: dict[str, Any] | Exception | None = None
-        if base.scores_here(call):
-            try:
-                values = call.merge(got.frames, dict(enumerate(got.counts)), lambda v, c: v)
-            except Exception as e:
-                values = e
+        values = base.gather(call, got)
         if call.bound is not None:
             # kept on every rank whatever happens next, so that every rank decides the next calls alike (a
             # merge that failed here is kept too: a hit then fails, and fails on every rank)

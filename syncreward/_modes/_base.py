@@ -111,6 +111,27 @@ class Call:
             dropped=self.dropped_local,
         )
 
+    def exchange(self, payload: bytes | bytearray, route: np.ndarray | None, aux: int = 0) -> Inbound | Raise:
+        """The inbound exchange of this call (``_exchange.exchange_inbound``); sets :attr:`dropped`."""
+        if self.error is not None:
+            payload = b""
+        got = exchange_inbound(
+            self.session,
+            header=self.header(len(payload), aux),
+            payload=payload,
+            route=route,
+            error=self.error,
+            blob=self.blob,
+            description=self.description,
+            names=self.names,
+            droppable=self.droppable,
+            timeout=self.timeout,
+            function=self.spec.name,
+        )
+        if not isinstance(got, Raise):
+            self.dropped = got.dropped
+        return got
+
     def header(self, payload_bytes: int, aux: int = 0) -> bytes:
         ok = self.error is None
         return pack_header(
@@ -216,36 +237,19 @@ class GatherMode(Mode):
         raise NotImplementedError
 
     def inbound(self, call: Call) -> Scoring | Raise:
-        got = self.exchange(call)
+        got = call.exchange(call.frame, self.route(call.world_size))
         if isinstance(got, Raise):
             return got
-        values: dict[str, Any] | Exception | None = None
-        if self.scores_here(call):
-            try:
-                values = call.merge(got.frames, dict(enumerate(got.counts)), lambda v, c: v)
-            except Exception as e:
-                values = e
-        return self.scoring_for(call, got, values)
+        return self.scoring_for(call, got, self.gather(call, got))
 
-    def exchange(self, call: Call) -> Inbound | Raise:
-        w = call.world_size
-        payload = call.frame if call.error is None else b""
-        got = exchange_inbound(
-            call.session,
-            header=call.header(len(payload)),
-            payload=payload,
-            route=self.route(w),
-            error=call.error,
-            blob=call.blob,
-            description=call.description,
-            names=call.names,
-            droppable=call.droppable,
-            timeout=call.timeout,
-            function=call.spec.name,
-        )
-        if not isinstance(got, Raise):
-            call.dropped = got.dropped
-        return got
+    def gather(self, call: Call, got: Inbound) -> dict[str, Any] | Exception | None:
+        """The global columns, where this rank scores (``None`` elsewhere; the exception if decoding failed)."""
+        if not self.scores_here(call):
+            return None
+        try:
+            return call.merge(got.frames, dict(enumerate(got.counts)), lambda v, c: v)
+        except Exception as e:
+            return e
 
     def scoring_for(self, call: Call, inbound: Inbound, values: dict[str, Any] | Exception | None) -> Scoring:
         """This rank's scoring inputs: the global ``values`` (or why they could not be had) and log stand-ins."""

@@ -21,7 +21,7 @@ import numpy as np
 from .._batch import concat, rebuild_result, result_columns, result_signature, take
 from .._codec import C_LIST, C_TUPLE, Column, decode_frame, encode_frame
 from .._errors import CodecError, InputError
-from .._exchange import all_gather, all_to_all, broadcast_blobs, exchange_inbound, report_failures
+from .._exchange import all_gather, all_to_all, broadcast_blobs, report_failures
 from .._logs import Logs
 from .._session import Raise
 from .._wire import FAILED, OK, error_blob, split
@@ -97,22 +97,9 @@ class ShardMode(Mode):
     def inbound(self, call: Call) -> Scoring | Raise:
         session, w, me = call.session, call.world_size, call.rank
         key_frame = bytes(call.frame) if call.error is None else b""
-        got = exchange_inbound(
-            session,
-            header=call.header(0, len(key_frame)),
-            payload=b"",
-            route=None,
-            error=call.error,
-            blob=call.blob,
-            description=call.description,
-            names=call.names,
-            droppable=call.droppable,
-            timeout=call.timeout,
-            function=call.spec.name,
-        )
+        got = call.exchange(b"", None, aux=len(key_frame))
         if isinstance(got, Raise):
             return got
-        call.dropped = got.dropped
         error: BaseException | None = None
         frames = [b""] * w
         try:
