@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import sys
 import time
@@ -55,16 +54,11 @@ TRL_RESULT_CAP = 8 * 64 * 2  # order of one rank's result block for 64 floats (o
 
 
 def machine() -> dict[str, Any]:
-    import torch
+    """bench_exchange's machine record, plus memory and the descriptor limit (what scale depends on)."""
+    import resource
 
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from bench_exchange import machine as base
+
     mem = 0
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -72,17 +66,7 @@ def machine() -> dict[str, Any]:
                 mem = int(line.split()[1]) // 1024
     except OSError:
         pass
-    import resource
-
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": model,
-        "mem_mib": mem,
-        "ulimit_n": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-    }
+    return {**base(), "mem_mib": mem, "ulimit_n": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
 
 
 def git_commit() -> str:
