@@ -4,6 +4,7 @@ Every payload has the four per-sample columns a GRPO math reward typically gets 
 ``completions`` (text), ``completion_ids`` (token-id lists), ``solution`` and ``dataset_name`` (strings).
 
 * ``trl``: 64 completions of ~1 KB text per rank, ~250 token ids each (about 4 bytes of text per token).
+* ``trl16``: the ``trl`` sample shape with 16 completions per rank (a small step, where fixed costs show).
 * ``large``: 256 completions of ~4 KB per rank, ~1000 token ids each.
 * ``skewed``: the ``trl`` sample shape, but rank 1 holds 8x the samples (512) and rank 0 -- the scoring
   rank -- holds none; the other ranks hold 64.
@@ -17,7 +18,7 @@ from typing import Any
 
 __all__ = ["PAYLOADS", "local_count", "make_batch"]
 
-PAYLOADS = ("trl", "large", "skewed")
+PAYLOADS = ("trl", "trl16", "large", "skewed")
 VOCAB = 151_936  # Qwen2 tokenizer size: most ids need 5 bytes in pickle, 8 in int64
 _VOCABULARY = (
     "the of and to in is that for it as with be on by this are we which from at or an have not can so if then "
@@ -26,7 +27,13 @@ _VOCABULARY = (
 )
 _WORDS = tuple(_VOCABULARY.split())
 
-_SHAPES = {"trl": (64, 1024, 250), "large": (256, 4096, 1000), "skewed": (64, 1024, 250), "judge": (32, 1024, 250)}
+_SHAPES = {
+    "trl": (64, 1024, 250),
+    "trl16": (16, 1024, 250),
+    "large": (256, 4096, 1000),
+    "skewed": (64, 1024, 250),
+    "judge": (32, 1024, 250),
+}
 
 
 def local_count(payload: str, rank: int, world_size: int) -> int:

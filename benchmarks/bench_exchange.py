@@ -53,6 +53,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+from _payloads import PAYLOADS  # noqa: E402 - benchmarks/ is on sys.path only from here
+
 VARIANTS = (
     "direct",
     "handrolled",
@@ -591,7 +593,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--rounds", type=int, default=30, help="timed rounds per payload (each runs every variant)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
-    ap.add_argument("--payloads", nargs="+", default=["trl", "large", "skewed"], choices=["trl", "large", "skewed"])
+    ap.add_argument("--payloads", nargs="+", default=["trl", "large", "skewed"], choices=list(PAYLOADS))
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, help="only these variants (default: all)")
     ap.add_argument("--profile-calls", type=int, default=20, help="profiled main-mode calls per payload (0: skip)")
     ap.add_argument("--profile-payloads", nargs="+", default=["trl", "large"])
