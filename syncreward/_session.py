@@ -74,7 +74,7 @@ class Turnstile:
         self._cv = threading.Condition()
         self._next = 0
         self._busy = False
-        self._pending: dict[int, Callable[[], None]] = {}
+        self._pending: dict[int, Callable[[bool], None]] = {}
         self._latch = latch
         self._on_break = on_break
 
@@ -109,30 +109,32 @@ class Turnstile:
         """Run ``step`` on a worker thread when ``seq``'s turn comes; never blocks the caller."""
         fut: Future[T] = Future()
 
-        def job() -> None:
-            if not fut.set_running_or_notify_cancel():
-                self._release(seq)
-                return
+        def job(holds_turn: bool = True) -> None:
             try:
-                if self._latch.reason is not None:
-                    raise self._latch.error()
-                fut.set_result(step())
-            except BaseException as e:
-                fut.set_exception(e)
+                if not fut.set_running_or_notify_cancel():
+                    return
+                try:
+                    if self._latch.reason is not None:
+                        raise self._latch.error()
+                    fut.set_result(step())
+                except BaseException as e:
+                    fut.set_exception(e)
             finally:
-                self._release(seq)
+                if holds_turn:
+                    self._release(seq)
 
         with self._cv:
-            if self._latch.reason is not None:
-                start = True  # fails at once, without touching the turn order
-            elif self._next == seq and not self._busy:
+            if self._latch.reason is not None:  # fails at once, without touching the turn order
+                _POOL.submit(job, False)
+                return fut
+            if self._next == seq and not self._busy:
                 self._busy = True
                 start = True
             else:
                 self._pending[seq] = job
                 start = False
         if start:
-            _POOL.submit(job)
+            _POOL.submit(job, True)
         return fut
 
     def withdraw(self, seq: int) -> bool:
@@ -149,7 +151,7 @@ class Turnstile:
                 self._busy = True
             self._cv.notify_all()
         if job is not None:
-            _POOL.submit(job)
+            _POOL.submit(job, True)
 
     def wake_all(self) -> None:
         """The latch broke: fail every waiting step now."""
@@ -157,8 +159,8 @@ class Turnstile:
             jobs = list(self._pending.items())
             self._pending.clear()
             self._cv.notify_all()
-        for _, job in sorted(jobs):  # each fails at once (latched) and releases its turn
-            _POOL.submit(job)
+        for _, job in sorted(jobs, key=lambda item: item[0]):  # each fails at once (latched); none holds a turn
+            _POOL.submit(job, False)
 
 
 class Session:
@@ -230,7 +232,7 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ steps
 
-    def _guarded(self, channel: int, seq: int, step: Callable[[], T | Raise]) -> Callable[[], T | Raise]:
+    def _guarded(self, seq: int, step: Callable[[], T | Raise]) -> Callable[[], T | Raise]:
         def run() -> T | Raise:
             try:
                 return step()
@@ -245,14 +247,14 @@ class Session:
 
     def step(self, channel: int, seq: int, step: Callable[[], Any], timeout: float) -> Any:
         """Run one collective step of call ``seq`` in its turn, in this thread; raise its collective failure."""
-        out = self.turns[channel].run(seq, self._guarded(channel, seq, step), timeout)
+        out = self.turns[channel].run(seq, self._guarded(seq, step), timeout)
         if isinstance(out, Raise):
             raise out.error
         return out
 
     def submit(self, channel: int, seq: int, step: Callable[[], T | Raise]) -> Future[T | Raise]:
         """Run one step in its turn on a worker thread (async calls, and steps finished in the background)."""
-        return self.turns[channel].submit(seq, self._guarded(channel, seq, step))
+        return self.turns[channel].submit(seq, self._guarded(seq, step))
 
     def skip(self, channel: int, seq: int) -> None:
         """Give up ``seq``'s turn on ``channel`` without exchanging (every rank skips the same turns)."""

@@ -28,7 +28,7 @@ import struct
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -129,9 +129,13 @@ class Headers:
     def versions(self) -> set[int]:
         return set(self.rows[:, H_VERSION].tolist())
 
+    def column(self, word: int) -> list[int]:
+        """One header word of every rank, in rank order."""
+        return self.rows[:, word].tolist()  # type: ignore[no-any-return]
+
     @property
     def statuses(self) -> list[int]:
-        return [int(x) for x in self.rows[:, H_STATUS]]
+        return self.column(H_STATUS)
 
     @property
     def failed(self) -> list[int]:
@@ -140,24 +144,23 @@ class Headers:
     @property
     def agree(self) -> bool:
         """Whether every rank makes the same call (sequence number, function/schema and step)."""
-        r = self.rows
-        return all(len(set(r[:, c].tolist())) == 1 for c in (H_SEQ, H_FP, H_STEP))
+        return all(len(set(self.column(c))) == 1 for c in (H_SEQ, H_FP, H_STEP))
 
     @property
     def counts(self) -> list[int]:
-        return [int(x) for x in self.rows[:, H_N]]
+        return self.column(H_N)
 
     @property
     def sizes(self) -> list[int]:
-        return [int(x) for x in self.rows[:, H_SIZE]]
+        return self.column(H_SIZE)
 
     @property
     def desc_sizes(self) -> list[int]:
-        return [int(x) for x in self.rows[:, H_DESC]]
+        return self.column(H_DESC)
 
     @property
     def aux(self) -> list[int]:
-        return [int(x) for x in self.rows[:, H_AUX]]
+        return self.column(H_AUX)
 
     @property
     def masks(self) -> np.ndarray:
@@ -370,12 +373,3 @@ def error_blob(exc: BaseException) -> bytes:
     out = bytearray()
     encode_value({"type": name, "message": message, "traceback": tb}, out)
     return bytes(out)
-
-
-@dataclass
-class Plan:
-    """Send and receive byte counts of one ``all_to_all``, with the bytes to send."""
-
-    send: bytearray = field(default_factory=bytearray)
-    send_counts: list[int] = field(default_factory=list)
-    recv_counts: list[int] = field(default_factory=list)
