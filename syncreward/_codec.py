@@ -529,13 +529,13 @@ def encode_value(obj: object, out: bytearray, allow_pickle: bool = False, _depth
         raise _wrap_failure(e, f"a {_type_name(obj)}") from e
 
 
-def _intlists_marshal(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Row lengths and flat values of a list of lists of ints in the int32 range, or ``None``.
+def _marshal_records(rows: list[Any], n: int) -> tuple[bytes, np.ndarray, np.ndarray] | None:
+    """``rows`` as marshal records, with the row lengths and each record's expected type, if a list of int lists.
 
     One ``marshal.dumps`` converts every value in C; numpy then checks that the output is exactly the
     expected run of 5-byte records -- a row header where each row starts, an int everywhere else -- which
-    proves every element was an exact ``int`` (``bool``, numpy integers, floats, nested lists, values
-    beyond int32 all write other records), and gathers the values.
+    proves every element was an exact ``int`` in the int32 range (``bool``, numpy integers, floats, nested
+    lists, values beyond int32 all write other records). ``None`` otherwise.
     """
     try:
         m = marshal.dumps(rows, 2)
@@ -551,7 +551,16 @@ def _intlists_marshal(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] 
     expected[headers] = _M_LIST
     if not np.array_equal(np.frombuffer(m, dtype=np.uint8)[::5], expected):
         return None
-    values = np.ndarray((nrec,), dtype="<i4", buffer=m, offset=1, strides=(5,))
+    return m, lengths, expected
+
+
+def _intlists_marshal(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Row lengths and flat int32 values of a list of lists of ints in the int32 range, or ``None``."""
+    got = _marshal_records(rows, n)
+    if got is None:
+        return None
+    m, lengths, expected = got
+    values = np.ndarray((len(expected),), dtype="<i4", buffer=m, offset=1, strides=(5,))
     return lengths, values[expected == _M_INT]
 
 
@@ -716,8 +725,14 @@ def is_plain(values: Any, container: int) -> bool:
         types = set(map(type, values))
         if types <= _SCALARS:
             return True
-        if types == {list} and set(map(type, chain.from_iterable(values))) <= _SCALARS:
-            return True
+        if types == {list}:
+            # token ids: one marshal pass proves every element an exact int (2x faster than the type set)
+            first = next((row[0] for row in values if row), None)
+            token_ids = type(first) is int and type(values) is list and _MARSHAL_RECORDS
+            if token_ids and _marshal_records(values, len(values)) is not None:
+                return True
+            if set(map(type, chain.from_iterable(values))) <= _SCALARS:
+                return True
         _encode_column_body(values, container, bytearray(), _PLAIN)
     except Exception:
         return False

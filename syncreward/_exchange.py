@@ -104,6 +104,27 @@ def _mismatch(session: Session, headers: Headers, description: str, timeout: flo
     )
 
 
+def _blocks(header: bytes, payload: bytes | bytearray, counts: Sequence[int], mine: frozenset[int]) -> np.ndarray:
+    """The send buffer of the inbound exchange, built with one copy of the payload.
+
+    To each rank ``d``, a block of ``counts[d]`` bytes: the header, then the start of the payload where
+    ``mine`` says, then zeros.
+    """
+    send = np.empty(sum(counts), dtype=np.uint8)
+    data = np.frombuffer(payload, dtype=np.uint8)
+    head = np.frombuffer(header, dtype=np.uint8)
+    pos = 0
+    for d, count in enumerate(counts):
+        end = pos + count
+        send[pos : pos + HEADER_BYTES] = head
+        body = data[: count - HEADER_BYTES] if d in mine else data[:0]
+        at = pos + HEADER_BYTES + body.size
+        send[pos + HEADER_BYTES : at] = body
+        send[at:end] = 0  # the unused part of the chunk: never this process's stale memory on the wire
+        pos = end
+    return send
+
+
 @dataclass
 class Inbound:
     """What every rank knows after the inbound exchange of a call."""
@@ -146,16 +167,9 @@ def exchange_inbound(
     w, me = session.world_size, session.rank
     eager = session.predictor.predict()
     mine = frozenset(np.flatnonzero(route[me]).tolist()) if route is not None and error is None else frozenset()
-    send = bytearray()
-    send_counts = []
-    for d in range(w):
-        cap = int(eager[me, d])
-        chunk = payload[:cap] if d in mine else b""
-        send += header
-        send += chunk
-        send += bytes(cap - len(chunk))
-        send_counts.append(HEADER_BYTES + cap)
-    recv_counts = [HEADER_BYTES + int(eager[s, me]) for s in range(w)]
+    send_counts = (eager[me] + HEADER_BYTES).tolist()
+    send = _blocks(header, payload, send_counts, mine)
+    recv_counts = (eager[:, me] + HEADER_BYTES).tolist()
     buf = all_to_all(session, send, send_counts, recv_counts, 0, timeout)
     blocks = split(buf, recv_counts)
     headers = Headers(np.stack([b[:HEADER_BYTES].view(np.int64) for b in blocks]).reshape(w, HEADER_LEN))

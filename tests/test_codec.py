@@ -924,3 +924,27 @@ def test_synced_call_refuses_exploit_on_every_rank_and_runs_nothing(mode: str) -
         assert err.exc_type == "syncreward.UnsupportedTypeError"
     assert RAN == []
     assert isinstance(results[0][1], syncreward.SyncRewardError)
+
+
+class _Int(int):
+    pass
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [None, True, 1.5, 2**31, -(2**31) - 1, 2**70, _Int(3), np.int64(3), np.int32(3), "7", b"7", [1], (1,), object()],
+    ids=lambda v: type(v).__name__ + ("" if not isinstance(v, int) or isinstance(v, bool) else f"_{v}")[:12],
+)
+def test_is_plain_token_id_lists_agrees_with_the_encoder(odd: Any) -> None:
+    """Token-id columns take a marshal fast path in is_plain; one odd element anywhere gives the encoder's answer."""
+    rows = [list(range(i, i + 300)) for i in range(40)]
+    assert is_plain(rows, C_LIST)
+    for where in (0, 17, 39):
+        column = [list(r) for r in rows]
+        column[where].insert(150, odd)
+        try:
+            _encode_column_body(column, C_LIST, bytearray(), False)  # the plain-only level
+            encodable = True
+        except Exception:
+            encodable = False
+        assert is_plain(column, C_LIST) == encodable, (odd, where)
