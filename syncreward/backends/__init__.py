@@ -134,6 +134,9 @@ def _ray_joined() -> list[Any]:
     return [] if mod is None else mod.joined_backends()  # type: ignore[no-any-return]
 
 
+_BACKEND_TYPES: set[type] = set()  # classes whose instances passed the Backend protocol check
+
+
 def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
     """Return the backend a synced call uses, following the documented order.
 
@@ -142,8 +145,12 @@ def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
         ImportError: the backend's optional dependency is missing (names the extra to install).
     """
     if not isinstance(spec, str):
-        if not isinstance(spec, Backend):
-            raise BackendError(f"backend={spec!r} is neither a backend name nor an object with the Backend protocol")
+        if type(spec) not in _BACKEND_TYPES:  # the Protocol check costs ~10 us; it is made once per class
+            if not isinstance(spec, Backend):
+                raise BackendError(
+                    f"backend={spec!r} is neither a backend name nor an object with the Backend protocol"
+                )
+            _BACKEND_TYPES.add(type(spec))
         return spec
     if spec == "auto":
         override = _context_backend.get()
