@@ -78,6 +78,17 @@ def length_reward(completions, completion_ids, solution, dataset_name, **kwargs)
     return {"length": [float(x - mean) for x in lengths], "too_long": [x > 1.5 * mean for x in lengths]}
 
 
+class CollectivesOnly:
+    """A backend without the optional ``point_to_point``: every exchange is a gloo ``alltoallv``, as before
+    main mode's sparse exchanges went point to point (the A/B of that change, in one launch)."""
+
+    def __init__(self, inner: TorchDistributedBackend) -> None:
+        self._inner = inner
+        self.rank, self.world_size = inner.rank, inner.world_size
+        self.all_gather = inner.all_gather
+        self.all_to_all = inner.all_to_all
+
+
 class Synced:
     """The synced variants. Each gets its own backend, hence its own gloo groups and its own session
     (sequence numbers, learned sizes), as if it were the only synced function of the job; ``mixed_*`` and
@@ -90,6 +101,7 @@ class Synced:
             return TorchDistributedBackend()
 
         self.main = synced_reward(mode="main", backend=fresh())(reward)
+        self.main_collectives = synced_reward(mode="main", backend=CollectivesOnly(fresh()))(reward)
         self.replicate = synced_reward(mode="replicate", backend=fresh())(reward)
         self.shard = synced_reward(mode="shard", group_size=GROUP, backend=fresh())(reward)
         shared = fresh()
@@ -252,6 +264,7 @@ def variants_for(batch: dict[str, list[Any]], raw: Raw, probe: Probe, fns: Synce
         "handrolled": lambda: handrolled(batch),
         "fused_objects": lambda: fused_objects(batch),
         "main": lambda: fns.main(**batch),
+        "main_collectives": lambda: fns.main_collectives(**batch),
         "replicate": lambda: fns.replicate(**batch),
         "shard": lambda: fns.shard(**batch),
         "main_after_replicate": (lambda: fns.mixed_replicate(**batch), lambda: fns.mixed_main(**batch)),

@@ -121,6 +121,11 @@ def _account(name: str, group: Any, args: tuple[Any, ...]) -> tuple[int, int]:
         root = getattr(opts, "rootRank", 0)
         size = sum(_nbytes(t) for t in tensors)
         return (size * (w - 1), 0) if me == root else (0, size)
+    if name == "scatter":  # scatter(outputs, inputs, opts): inputs holds the root's list of blocks
+        outputs, inputs = args[0], args[1]
+        blocks = inputs[0] if inputs else []
+        sent = sum(_nbytes(t) for i, t in enumerate(blocks) if i != me)
+        return sent, sum(_nbytes(t) for t in outputs)
     return 0, 0
 
 

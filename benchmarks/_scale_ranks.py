@@ -185,6 +185,16 @@ class Recording:
         return out
 
 
+    def scatter(self, send: np.ndarray, size: int, *, root: int, channel: int, timeout: float) -> np.ndarray:
+        t0 = time.perf_counter()
+        out: np.ndarray = self.inner.scatter(send, size, root=root, channel=channel, timeout=timeout)
+        w, me = self.world_size, self.rank
+        sent = [size] * w if me == root else [0] * w
+        recv = [size if s == root else 0 for s in range(w)]
+        self._record("scatter", channel, sent, recv, time.perf_counter() - t0)
+        return out
+
+
 def summarize(log: list[dict[str, Any]], me: int) -> dict[str, Any]:
     """One call's (or step's) collectives, from this rank's point of view (self-copies excluded)."""
     colls = []

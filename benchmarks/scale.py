@@ -162,7 +162,8 @@ def totals(mode: str, w: int, p: dict[str, int]) -> dict[str, int]:
     return {
         "collectives": coll,
         "msgs_total": r0["msgs_out"] + (w - 1) * rk["msgs_out"],
-        "wire_msgs_total": coll * w * (w - 1),  # gloo's alltoallv posts a send to every peer, even of 0 bytes
+        # gloo's alltoallv posts a send to every peer, even of 0 bytes; main's results go in a scatter: W - 1
+        "wire_msgs_total": (w * (w - 1) + (coll - 1) * (w - 1)) if mode in ("main", "step3") else coll * w * (w - 1),
         "bytes_total": r0["bytes_out"] + (w - 1) * rk["bytes_out"],
         "recv_buffer_rank0": r0["recv_buffer_peak"],
         "recv_buffer_other": rk["recv_buffer_peak"],

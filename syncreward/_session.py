@@ -174,8 +174,8 @@ class Session:
         self.latch = _Latch()
         self.turns = (Turnstile(self.latch, self.break_), Turnstile(self.latch, self.break_))
         self.predictor = Predictor(self.world_size)
-        # main mode's result blocks: the size each (scoring rank, rank) pair agreed on for the next block
-        self.result_caps = [BASE_CAPACITY] * self.world_size
+        # main mode's result blocks: the size every rank's next block has (announced by the previous block)
+        self.result_cap = BASE_CAPACITY
         self.result_predictor = ResultPredictor()
         self._seq = 0
         self._lock = threading.Lock()

@@ -348,6 +348,10 @@ class ResultPredictor:
             return [BASE_CAPACITY] * len(counts)
         return [min(MAX_CAPACITY, round8(ResultChunk.HEADER + 64 + int(rate * 1.25 * n))) for n in counts]
 
+    def next_capacity(self, counts: Sequence[int]) -> int:
+        """One block size for every rank's next block (a scatter sends equal blocks): the largest needed."""
+        return max(self.next_capacities(counts), default=BASE_CAPACITY)
+
 
 # --------------------------------------------------------------------------------------------- errors
 

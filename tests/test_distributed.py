@@ -364,7 +364,7 @@ def counting_body(rank: int, world_size: int) -> dict[str, Any]:
     """Count the collectives each synced call issues, in the steady state (after a warm-up call)."""
     backend = syncreward.resolve_backend("torch")
     counts = {"n": 0}
-    for name in ("all_gather", "all_to_all"):
+    for name in ("all_gather", "all_to_all", "scatter"):  # main's results go back in one scatter
         original = getattr(backend, name)
 
         def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
@@ -425,3 +425,48 @@ def test_process_group_syncs_over_data_parallel_ranks_only() -> None:
         dp_rank = rank // 2
         lo = 0 if dp_rank == 0 else len(results[0]["completions"])
         assert res["rewards"] == expected[lo : lo + len(res["completions"])], (rank, res)
+
+
+class _CollectivesOnly:
+    """The torch backend without its optional ``scatter``: main falls back to an all_to_all."""
+
+    def __init__(self, inner: Any) -> None:
+        self.rank, self.world_size = inner.rank, inner.world_size
+        self.all_gather, self.all_to_all = inner.all_gather, inner.all_to_all
+
+
+def _scatter_body(rank: int, world_size: int) -> dict[str, Any]:
+    torch_backend = syncreward.resolve_backend("torch")
+
+    def per_sample(completions: list[str], **kwargs: Any) -> dict[str, list[Any]]:
+        n = len(completions)
+        return {"score": [float(len(c) * n) for c in completions], "tag": [c[::-1] * (1 + i) for i, c in enumerate(completions)]}  # noqa: E501
+
+    out: dict[str, Any] = {}
+    for name, backend in (("scatter", torch_backend), ("all_to_all", _CollectivesOnly(torch_backend))):
+        f = synced_reward(backend=backend)(per_sample)
+        got = []
+        for step in range(4):  # growing results: the first calls overflow their predicted block
+            n = 1 + rank * 3 + step * 2  # uneven batches, rank 0 smallest
+            got.append(f([f"r{rank}s{step}i{i}" * (1 + step * 20) for i in range(n)]))
+        out[name] = got
+    return out
+
+
+@pytest.mark.multiprocess
+def test_main_results_are_the_same_through_a_scatter_and_an_all_to_all() -> None:
+    """main sends results with the backend's scatter where it has one; a backend without it gets the same results."""
+    results = run_ranks(_scatter_body, 3, timeout=120)
+    for step in range(4):
+        batches = [[f"r{r}s{step}i{i}" * (1 + step * 20) for i in range(1 + r * 3 + step * 2)] for r in range(3)]
+        everyone = [c for b in batches for c in b]
+        n = len(everyone)
+        score = [float(len(c) * n) for c in everyone]
+        tag = [c[::-1] * (1 + i) for i, c in enumerate(everyone)]
+        lo = 0
+        for rank, res in enumerate(results):
+            hi = lo + len(batches[rank])
+            expected = {"score": score[lo:hi], "tag": tag[lo:hi]}
+            assert res["scatter"][step] == expected, (rank, step)
+            assert res["all_to_all"][step] == expected, (rank, step)
+            lo = hi

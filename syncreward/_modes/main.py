@@ -15,7 +15,7 @@ import numpy as np
 from .._batch import rebuild_result, result_columns, take
 from .._codec import Column, decode_frame, decode_value, encode_frame, is_plain
 from .._errors import CodecError, MismatchError, RemoteError
-from .._exchange import Inbound, all_to_all
+from .._exchange import Inbound, all_to_all, scatter
 from .._logs import Logs
 from .._session import Raise
 from .._wire import FAILED, OK, ResultChunk, error_blob
@@ -85,22 +85,21 @@ class MainMode(GatherMode):
             blob = error_blob(error)
             bodies = {r: blob for r in range(w) if r != ROOT}
         status = OK if error is None else FAILED
-        caps = session.result_caps  # what the previous blocks announced, pair by pair
+        cap = session.result_cap  # what the previous blocks announced (one size for every rank)
         if status == OK:
             session.result_predictor.update(call.fp, {r: len(b) for r, b in bodies.items()}, counts)
-        nxt = session.result_predictor.next_capacities(counts)
-        overflow = any(len(bodies[r]) > caps[r] - ResultChunk.HEADER for r in bodies)
+        nxt = session.result_predictor.next_capacity(counts)
+        overflow = any(len(body) > cap - ResultChunk.HEADER for body in bodies.values())
         send = bytearray()
-        send_counts = [0] * w
-        for r in bodies:
-            send += ResultChunk(status, overflow, nxt[r], len(bodies[r]), call.fp, call.seq).pack(bodies[r], caps[r])
-            send_counts[r] = caps[r]
-        all_to_all(session, send, send_counts, [0] * w, 1, call.timeout)
+        for r in range(w):  # rank 0's own block is all zeros: a scatter sends every rank one block
+            body = bodies.get(r, b"")
+            send += ResultChunk(status, overflow, nxt, len(body), call.fp, call.seq).pack(body, cap)
+        scatter(session, send, cap, ROOT, 1, call.timeout)
         if overflow:
-            tails = {r: bodies[r][caps[r] - ResultChunk.HEADER :] for r in bodies}
+            tails = {r: bodies[r][cap - ResultChunk.HEADER :] for r in bodies}
             rest_counts = [len(tails.get(r, b"")) for r in range(w)]
             all_to_all(session, b"".join(tails.values()), rest_counts, [0] * w, 1, call.timeout)
-        session.result_caps = nxt
+        session.result_cap = nxt
         if error is not None:
             return Raise(error)
         try:
@@ -112,15 +111,15 @@ class MainMode(GatherMode):
     def _receive(self, call: Call, scoring: Scoring) -> Any:
         session, inbound = call.session, scoring.state
         w, me = call.world_size, call.rank
-        cap = session.result_caps[me]
-        buf = all_to_all(session, b"", [0] * w, [cap if s == ROOT else 0 for s in range(w)], 1, call.timeout)
+        cap = session.result_cap
+        buf = scatter(session, b"", cap, ROOT, 1, call.timeout)
         chunk = ResultChunk.unpack(buf.data)
         body = buf[ResultChunk.HEADER : ResultChunk.HEADER + min(chunk.body_bytes, cap - ResultChunk.HEADER)].tobytes()
         if chunk.overflow:
             rest = max(0, chunk.body_bytes - (cap - ResultChunk.HEADER))
             recv = [rest if s == ROOT else 0 for s in range(w)]
             body += all_to_all(session, b"", [0] * w, recv, 1, call.timeout).tobytes()
-        session.result_caps[me] = chunk.next_capacity
+        session.result_cap = chunk.next_capacity
         try:
             if (chunk.fp, chunk.seq) != (call.fp, call.seq):
                 return Raise(
