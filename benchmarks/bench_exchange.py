@@ -29,6 +29,17 @@ call. A call's latency is the slowest rank's time inside it. Variants:
                             ``dist.all_to_all_single``, and syncreward's ``TorchDistributedBackend.all_gather``
 ==========================  ============================================================================
 
+**One command per row of the performance table** (``--row``; each is one launch per world size, every
+variant interleaved with its baselines; extra options after it override the preset)::
+
+    python benchmarks/bench_exchange.py --row w2      # W=2, 16 and 64 per rank: vs fused all_gather_object, vs raw
+    python benchmarks/bench_exchange.py --row w4      # W=4, TRL-like and large payloads, the 3-reward step
+    python benchmarks/bench_exchange.py --row w16     # W=16: vs hand-rolled and raw
+    python benchmarks/bench_exchange.py --row w32     # W=32 (16 per rank, to fit in memory)
+    python benchmarks/bench_exchange.py --row calls   # Python function calls per call on the scoring rank
+    python benchmarks/bench_exchange.py --row overhead  # one process: the wrapper's cost per call
+    python benchmarks/bench_codec.py                  # the codec alone (encode, decode, frame bytes)
+
 It also measures the single-process overhead (``timeit``, min of repeats) and shard-vs-main throughput
 for an I/O-bound judge (20 ms per group of 8, 16 groups). Results: a table on stdout, ``--out`` (JSON),
 ``--markdown`` (tables for docs/performance.md) and ``--plot-dir`` (PNG figures).
@@ -587,12 +598,97 @@ def plot(results: dict[str, Any], plot_dir: Path) -> list[Path]:
     return written
 
 
+# --------------------------------------------------------------------------------------------- rows
+
+_QUIET = ["--profile-calls", "0", "--shard-rounds", "0", "--overhead-number", "0"]
+ROWS: dict[str, list[str]] = {
+    "w2": [
+        *("--world-sizes", "2", "--rounds", "30", "--payloads", "trl16", "trl"),
+        *("--variants", "raw_all_gather", "raw_round_trip", "fused_objects", "main", "main_collectives"),
+        *_QUIET,
+    ],
+    "w4": [
+        *("--world-sizes", "4", "--rounds", "20", "--payloads", "trl", "large"),
+        *("--variants", "raw_all_gather", "raw_round_trip", "handrolled", "fused_objects", "main"),
+        *("main_collectives", "step3_main", "step3_group"),
+        *_QUIET,
+    ],
+    "w16": [
+        *("--world-sizes", "16", "--rounds", "8", "--payloads", "trl"),
+        *("--variants", "raw_all_gather", "handrolled", "main", "main_collectives", "step3_group"),
+        *_QUIET,
+    ],
+    "w32": [
+        *("--world-sizes", "32", "--rounds", "5", "--warmup", "2", "--payloads", "trl16"),
+        *("--variants", "raw_all_gather", "handrolled", "main", "main_collectives", "step3_group"),
+        *_QUIET,
+    ],
+    "calls": [
+        *("--world-sizes", "2", "--rounds", "1", "--warmup", "1", "--payloads", "trl", "--variants", "main"),
+        *("--profile-calls", "20", "--profile-payloads", "trl", "--shard-rounds", "0", "--overhead-number", "0"),
+    ],
+    "overhead": ["--world-sizes", "--payloads", "trl", "--profile-calls", "0", "--shard-rounds", "0"],
+}
+_RATIOS = (  # (variant, baseline) pairs reported for every world size and payload that has both
+    ("main", "fused_objects"),
+    ("main", "handrolled"),
+    ("main", "raw_all_gather"),
+    ("main", "raw_round_trip"),
+    ("main", "main_collectives"),
+    ("step3_main", "raw_all_gather"),
+    ("step3_group", "raw_all_gather"),
+    ("step3_group", "step3_main"),
+)
+
+
+def ratios(results: dict[str, Any]) -> list[str]:
+    """The table's rows: one median over another, measured in the same launch (interleaved rounds)."""
+    lines = []
+    for ws, res in sorted(results["world_sizes"].items(), key=lambda kv: int(kv[0])):
+        for payload, p in res["payloads"].items():
+            vs = p["variants"]
+            for v, base in _RATIOS:
+                if v in vs and base in vs:
+                    r = vs[v]["median_ms"] / vs[base]["median_ms"]
+                    lines.append(
+                        f"W={ws} {payload}: {v} / {base} = {r:.2f}x "
+                        f"({vs[v]['median_ms']:.2f} / {vs[base]['median_ms']:.2f} ms)"
+                    )
+    return lines
+
+
+def python_calls(cprofile_dir: Path, calls: int) -> list[str]:
+    """Python function calls per synced call on each rank (cProfile), leaving out the reward's own calls."""
+    import pstats
+
+    lines = []
+    for path in sorted(cprofile_dir.glob("*.prof")):
+        made = mine = 0
+        for _, (_, _, _, _, callers) in pstats.Stats(str(path)).stats.items():  # type: ignore[attr-defined]
+            for caller, stat in callers.items():
+                made += stat[1]
+                if "benchmarks" not in caller[0]:
+                    mine += stat[1]
+        lines.append(f"{path.stem}: {mine / calls:.0f} calls per synced call ({made / calls:.0f} with the reward's)")
+    return lines
+
+
 # --------------------------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--row" in argv:
+        at = argv.index("--row")
+        name = argv[at + 1] if at + 1 < len(argv) else ""
+        if name not in ROWS:
+            raise SystemExit(f"--row: one of {', '.join(ROWS)}")
+        argv = ROWS[name] + argv[:at] + argv[at + 2 :]
+        if name == "calls" and "--cprofile-dir" not in argv:
+            argv += ["--cprofile-dir", str(Path(os.environ.get("TMPDIR", "/tmp")) / "syncreward-cprofile")]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--row", choices=list(ROWS), help="a preset: one row of the performance table (see above)")
+    ap.add_argument("--world-sizes", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--rounds", type=int, default=30, help="timed rounds per payload (each runs every variant)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
     ap.add_argument("--payloads", nargs="+", default=["trl", "large", "skewed"], choices=list(PAYLOADS))
@@ -621,7 +717,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from syncreward.testing import run_ranks
 
     results: dict[str, Any] = {
-        "command": "python benchmarks/bench_exchange.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+        "command": "python benchmarks/bench_exchange.py " + " ".join(shlex.quote(a) for a in argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine(),
         "git": git_state(),
@@ -658,7 +754,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"W={w}: done in {res['launch_s']:.0f}s (load {res['load_after']})", file=sys.stderr, flush=True)
     results["load_after"] = loadavg()
     results["goals"] = goals(results)
+    results["ratios"] = ratios(results)
     print(text_report(results))
+    print("\nratios (same launch, interleaved):\n  " + "\n  ".join(results["ratios"] or ["-"]))
+    if args.cprofile_dir and args.profile_calls:
+        results["python_calls"] = python_calls(args.cprofile_dir, args.profile_calls)
+        print("\nPython function calls (cProfile):\n  " + "\n  ".join(results["python_calls"]))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1))

@@ -14,8 +14,8 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
   never comes, breaks the session. Every waiting step and every later call then raises
   :class:`~syncreward.GroupBrokenError` at once instead of waiting for a group that can no longer agree;
 * the **size predictions**: eager chunk sizes (:class:`~syncreward._wire.Predictor`, changed only from
-  headers every rank saw) and the size of ``mode="main"``'s next result block per pair of ranks
-  (announced by the previous block; :class:`~syncreward._wire.ResultPredictor` on the scoring rank);
+  headers every rank saw) and the size of ``mode="main"``'s next result blocks, one size for every rank
+  (announced by the previous blocks; :class:`~syncreward._wire.ResultPredictor` on the scoring rank);
 * the **in-flight calls** and the thread each came from, to refuse orderings that cannot be the same
   on every rank (calls from two threads at once) or that would deadlock (a blocking call on the event
   loop thread while an async call on that loop is pending);

@@ -293,10 +293,10 @@ MAX_CAPACITY = 64 << 20
 class ResultChunk:
     """The block the scoring rank sends each rank in ``main`` mode: a chunk header, then the body.
 
-    Its size was fixed by the *previous* block between the same two ranks, which announced it
-    (``next_capacity``), so both sides know it without agreeing on anything else first -- not even on
-    which call this is (``fp``, ``seq`` say that, and the receiver checks). A body that does not fit
-    continues in one more exchange (``overflow``).
+    Its size was fixed by the *previous* call's blocks, which announced it (``next_capacity``, the same
+    for every rank, so the blocks can go in one scatter), so every rank knows it without agreeing on
+    anything else first -- not even on which call this is (``fp``, ``seq`` say that, and the receiver
+    checks). A body that does not fit continues in one more exchange (``overflow``).
     """
 
     status: int

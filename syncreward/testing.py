@@ -354,6 +354,17 @@ class ThreadBackend:
             parts.append(buf[start : start + counts[me]])
         return np.concatenate(parts)
 
+    def scatter(self, send: np.ndarray, size: int, *, root: int, channel: int, timeout: float) -> np.ndarray:
+        """The optional collective of :class:`syncreward.Backend`: ``root``'s ``size``-byte block for each rank."""
+        me, w = self._rank, self.world_size
+        if me == root and (send.dtype != np.uint8 or len(send) != size * w):
+            raise self.group.violation(me, f"scatter of {send.dtype}[{len(send)}] in blocks of {size} to {w} ranks")
+        items = self.group.exchange(channel, me, (root, int(size), send.copy() if me == root else None), timeout)
+        if {(r, n) for r, n, _ in items} != {(root, size)}:
+            raise self.group.violation(me, f"scatter with (root, block size) {[(r, n) for r, n, _ in items]}")
+        block: np.ndarray = items[root][2][me * size : (me + 1) * size]
+        return block
+
 
 def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` threads of this process; return their results.

@@ -1,8 +1,9 @@
 """``mode="main"``: the whole batch goes to rank 0, which scores it once and sends every rank its slice.
 
 Two collectives per call in the steady state: the inbound exchange (every header, with each rank's
-payload riding to rank 0 in its eager chunk) and the outbound exchange (each rank's result block, of a
-size predicted per function from its previous call). One more each way when a payload or a result
+payload riding to rank 0 in its eager chunk) and the outbound exchange, a scatter from rank 0 of one
+result block per rank (W - 1 messages). Every block has the size the previous call's blocks announced,
+predicted per function from its previous call. One more exchange each way when a payload or a result
 outgrows its prediction (always on a function's first call).
 """
 

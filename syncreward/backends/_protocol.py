@@ -24,6 +24,11 @@ class Backend(Protocol):
     error (every later call raises [`GroupBrokenError`][syncreward.GroupBrokenError] without touching
     it).
 
+    A backend may also offer ``scatter(send, size, *, root, channel, timeout)``: rank ``root`` sends each
+    rank (itself included) its ``size``-byte block of ``send`` (``world_size`` blocks in rank order; other
+    ranks pass an empty array) and every rank returns its block. ``mode="main"`` then sends its results
+    in it (W - 1 messages); without it, the same bytes go through ``all_to_all``.
+
     Example:
         A third-party backend needs no base class (this one is a group of one rank):
 
