@@ -261,6 +261,11 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _wire_messages(detail: list[dict[str, Any]], w: int) -> int:
+    """Messages gloo sends for a call's collectives: an alltoallv W(W-1) (empty ones included), a scatter W-1."""
+    return sum(w - 1 if c["op"] == "scatter" else w * (w - 1) for c in detail)
+
+
 def measured_table(results: dict[str, Any]) -> str:
     lines = [
         "| W | mode | collectives | messages out, rank 0 / others | messages in all | gloo wire messages in all "
@@ -275,7 +280,7 @@ def measured_table(results: dict[str, Any]) -> str:
             ok = "exact" if not m["model_mismatches"] else f"{len(m['model_mismatches'])} off"
             lines.append(
                 f"| {w} | `{mode}` | {r0['collectives']} | {r0['msgs_out']} / {r1['msgs_out']} | {m['msgs_total']:,} "
-                f"| {r0['collectives'] * w * (w - 1):,} | {r0['bytes_out']:,} / {r1['bytes_out']:,} "
+                f"| {_wire_messages(m['detail_rank0'], w):,} | {r0['bytes_out']:,} / {r1['bytes_out']:,} "
                 f"| {m['bytes_total']:,} | {r0['recv_buffer_peak']:,} / {r1['recv_buffer_peak']:,} "
                 f"| {', '.join(str(x) for x in m['syscw_per_call'])} | {ok} "
                 f"| {m['cpu_ms_rank0']:.1f} / {m['cpu_ms_others']:.1f} | {m['wall_median_ms']:.1f} |"
