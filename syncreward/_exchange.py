@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,6 @@ from ._errors import CodecError, MismatchError, RemoteError
 from ._session import Raise, Session
 from ._wire import (
     HEADER_BYTES,
-    HEADER_LEN,
     VERSION,
     Headers,
     dropped_names,
@@ -194,8 +194,8 @@ def exchange_inbound(
     send = _blocks(header, payload, send_counts, mine)
     recv_counts = (eager[:, me] + HEADER_BYTES).tolist()
     buf = all_to_all(session, send, send_counts, recv_counts, 0, timeout)
-    blocks = split(buf, recv_counts)
-    headers = Headers(np.stack([b[:HEADER_BYTES].view(np.int64) for b in blocks]).reshape(w, HEADER_LEN))
+    starts = list(accumulate(recv_counts, initial=0))
+    headers = Headers.gather(buf, starts[:-1])
     session.predictor.update(headers, route)
     if headers.versions != {VERSION}:
         return Raise(
@@ -212,13 +212,17 @@ def exchange_inbound(
     if not headers.agree:
         return _mismatch(session, headers, description, timeout)
     counts = headers.counts
-    inbound = Inbound(headers, counts, offsets(counts), dropped_names(names, droppable, headers.masks))
+    dropped = dropped_names(names, droppable, headers.masks) if droppable and headers.any_dropped else frozenset()
+    inbound = Inbound(headers, counts, offsets(counts), dropped)
     if route is None:
         return inbound
     sizes = headers.sizes
-    for s in range(w):
-        if route[s, me]:
-            inbound.frames[s] = blocks[s][HEADER_BYTES : HEADER_BYTES + sizes[s]]
+    senders = np.flatnonzero(route[:, me]).tolist()
+    for s in senders:
+        at = starts[s] + HEADER_BYTES
+        inbound.frames[s] = buf[at : min(at + sizes[s], starts[s + 1])]  # (the eager part, if it did not fit)
+    if not (route & (np.asarray(sizes)[:, None] > eager)).any():
+        return inbound  # every payload rode whole in its eager chunk, on every rank
     rest = remainder_counts(sizes, eager, route)
     if rest.any():
         out = b"".join(payload[int(eager[me, d]) :] if rest[me, d] else b"" for d in range(w) if d in mine)

@@ -29,6 +29,7 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -117,54 +118,76 @@ def pack_header(
 
 
 HEADER_BYTES = HEADER_LEN * 8
+_HEADER_RANGE = np.arange(HEADER_BYTES, dtype=np.intp)
 
 
 @dataclass(frozen=True)
 class Headers:
-    """Every rank's header, as every rank received them (identical on every rank)."""
+    """Every rank's header, as every rank received them (identical on every rank).
+
+    Every field is read from Python lists made once (one ``tolist`` of the whole table): the checks
+    every call makes are builtins over W-element lists, not numpy calls on tiny arrays.
+    """
 
     rows: np.ndarray  # (world_size, HEADER_LEN) int64
 
-    @property
-    def versions(self) -> set[int]:
-        return set(self.rows[:, H_VERSION].tolist())
+    @classmethod
+    def gather(cls, buf: np.ndarray, starts: Sequence[int]) -> Headers:
+        """The headers at byte offsets ``starts`` of a received buffer (one copy, whatever the world size)."""
+        at = np.asarray(starts, dtype=np.intp)[:, None] + _HEADER_RANGE
+        return cls(buf[at].view(np.int64))
+
+    @cached_property
+    def _words(self) -> list[list[int]]:
+        return self.rows.T.tolist()  # type: ignore[no-any-return]
 
     def column(self, word: int) -> list[int]:
         """One header word of every rank, in rank order."""
-        return self.rows[:, word].tolist()  # type: ignore[no-any-return]
+        return self._words[word]
+
+    @property
+    def versions(self) -> set[int]:
+        return set(self._words[H_VERSION])
 
     @property
     def statuses(self) -> list[int]:
-        return self.column(H_STATUS)
+        return self._words[H_STATUS]
 
     @property
     def failed(self) -> list[int]:
-        return [r for r, s in enumerate(self.statuses) if s != OK]
+        statuses = self._words[H_STATUS]
+        return [r for r, s in enumerate(statuses) if s != OK] if any(statuses) else []
 
     @property
     def agree(self) -> bool:
         """Whether every rank makes the same call (sequence number, function/schema and step)."""
-        return all(len(set(self.column(c))) == 1 for c in (H_SEQ, H_FP, H_STEP))
+        w = self._words
+        return all(min(w[c]) == max(w[c]) for c in (H_SEQ, H_FP, H_STEP))
 
     @property
     def counts(self) -> list[int]:
-        return self.column(H_N)
+        return self._words[H_N]
 
     @property
     def sizes(self) -> list[int]:
-        return self.column(H_SIZE)
+        return self._words[H_SIZE]
 
     @property
     def desc_sizes(self) -> list[int]:
-        return self.column(H_DESC)
+        return self._words[H_DESC]
 
     @property
     def aux(self) -> list[int]:
-        return self.column(H_AUX)
+        return self._words[H_AUX]
 
     @property
     def masks(self) -> np.ndarray:
         return self.rows[:, H_DROP : H_DROP + DROP_WORDS]
+
+    @property
+    def any_dropped(self) -> bool:
+        """Whether some rank left a column behind (most calls: none did)."""
+        return any(any(self._words[H_DROP + i]) for i in range(DROP_WORDS))
 
     def problem(self) -> str | None:
         """Why these headers cannot be acted on (negative or absurd sizes), or ``None``.
@@ -172,16 +195,16 @@ class Headers:
         A header is only ever written by syncreward, but it is input like any other: a corrupted or hostile
         one must give every rank the same clear error, never a huge allocation or a mis-sized collective.
         """
-        r = self.rows
         for col, what in (
             (H_N, "sample count"),
             (H_SIZE, "payload size"),
             (H_DESC, "description size"),
             (H_AUX, "aux"),
         ):
-            bad = [i for i, v in enumerate(r[:, col].tolist()) if not 0 <= v <= MAX_FIELD]
-            if bad:
-                return f"rank(s) {bad} sent an invalid {what} in their header ({r[bad[0], col]})"
+            values = self._words[col]
+            if min(values) < 0 or max(values) > MAX_FIELD:
+                bad = [i for i, v in enumerate(values) if not 0 <= v <= MAX_FIELD]
+                return f"rank(s) {bad} sent an invalid {what} in their header ({values[bad[0]]})"
         return None
 
     @property
@@ -189,7 +212,7 @@ class Headers:
         """The fingerprint every rank agreed on, or 0 when they did not (or some rank failed)."""
         if not self.agree or self.failed:
             return 0
-        return int(self.rows[0, H_FP])
+        return self._words[H_FP][0]
 
 
 def offsets(counts: Sequence[int]) -> list[int]:
@@ -226,9 +249,9 @@ def eager_sizes(sizes: Sequence[int], route: np.ndarray | Dests) -> np.ndarray:
     """Per-pair eager chunk sizes ``[src, dst]`` for a call whose payloads are ``sizes`` bytes."""
     if callable(route):
         route = routes(len(sizes), route)
-    per_src = np.asarray(sizes, dtype=np.float64) * EAGER_MARGIN
-    chunk = np.clip((per_src.astype(np.int64) + 7) // 8 * 8, 0, MAX_EAGER)
-    return np.where(route, chunk[:, None], 0).astype(np.int64)
+    per_src = (np.asarray(sizes, dtype=np.float64) * EAGER_MARGIN).astype(np.int64)
+    chunk = np.minimum(np.maximum((per_src + 7) // 8 * 8, 0), MAX_EAGER)
+    return np.where(route, chunk[:, None], 0)
 
 
 def remainder_counts(sizes: Sequence[int], eager: np.ndarray, route: np.ndarray | Dests) -> np.ndarray:

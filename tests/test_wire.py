@@ -81,6 +81,20 @@ def test_sane_headers_have_no_problem() -> None:
     assert headers({"n": 0, "size": 0}, {"n": 10, "size": 1 << 20}).problem() is None
 
 
+def test_headers_are_read_from_the_start_of_each_received_block() -> None:
+    # the inbound exchange's receive buffer: each rank's block is its header, then (part of) its payload
+    rows = [
+        pack_header(seq=3, status=OK, fp=9, step=NO_STEP, n=n, size=size, desc=0, aux=0, mask=mask)
+        for n, size, mask in ((2, 5, [0, 0, 0, 0]), (0, 0, [0, 4, 0, 0]), (7, 11, [0, 0, 0, 0]))
+    ]
+    blocks = [rows[0] + b"abcde" + bytes(3), rows[1], rows[2] + bytes(range(16))]
+    starts = [0, len(blocks[0]), len(blocks[0]) + len(blocks[1])]
+    h = Headers.gather(np.frombuffer(b"".join(blocks), dtype=np.uint8), starts)
+    assert h.counts == [2, 0, 7] and h.sizes == [5, 0, 11] and h.agree and h.fp == 9
+    assert h.any_dropped and h.masks.tolist()[1] == [0, 4, 0, 0]
+    assert not headers({}, {}).any_dropped
+
+
 # --------------------------------------------------------------------------------------------- drop masks
 
 

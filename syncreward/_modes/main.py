@@ -9,6 +9,7 @@ outgrows its prediction (always on a function's first call).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,15 @@ from ._base import Call, GatherMode, Scoring
 __all__ = ["MainMode"]
 
 ROOT = 0
+
+
+@lru_cache(maxsize=8)
+def _to_root(world_size: int) -> np.ndarray:
+    out = np.zeros((world_size, world_size), dtype=bool)
+    out[:, ROOT] = True
+    out[ROOT, ROOT] = False
+    out.flags.writeable = False
+    return out
 
 
 class MainMode(GatherMode):
@@ -46,10 +56,7 @@ class MainMode(GatherMode):
                 encode_frame([col], call.bound.n)  # raises the codec's UnsupportedTypeError for this column
 
     def route(self, world_size: int) -> np.ndarray:
-        out = np.zeros((world_size, world_size), dtype=bool)
-        out[:, ROOT] = True
-        out[ROOT, ROOT] = False
-        return out
+        return _to_root(world_size)
 
     def scores_here(self, call: Call) -> bool:
         return call.rank == ROOT

@@ -7,6 +7,7 @@ function that fails on any rank raises on every rank.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -23,11 +24,18 @@ from ._base import Call, GatherMode, Scoring
 __all__ = ["ReplicateMode"]
 
 
+@lru_cache(maxsize=8)
+def _to_all(world_size: int) -> np.ndarray:
+    out = ~np.eye(world_size, dtype=bool)
+    out.flags.writeable = False
+    return out
+
+
 class ReplicateMode(GatherMode):
     name = "replicate"
 
     def route(self, world_size: int) -> np.ndarray:
-        return ~np.eye(world_size, dtype=bool)
+        return _to_all(world_size)
 
     def scores_here(self, call: Call) -> bool:
         return True
