@@ -603,12 +603,12 @@ def plot(results: dict[str, Any], plot_dir: Path) -> list[Path]:
 _QUIET = ["--profile-calls", "0", "--shard-rounds", "0", "--overhead-number", "0"]
 ROWS: dict[str, list[str]] = {
     "w2": [
-        *("--world-sizes", "2", "--rounds", "30", "--payloads", "trl16", "trl"),
+        *("--world-sizes", "2", "--rounds", "200", "--payloads", "trl16", "trl"),
         *("--variants", "raw_all_gather", "raw_round_trip", "fused_objects", "main", "main_collectives"),
         *_QUIET,
     ],
     "w4": [
-        *("--world-sizes", "4", "--rounds", "20", "--payloads", "trl", "large"),
+        *("--world-sizes", "4", "--rounds", "60", "--payloads", "trl", "large"),
         *("--variants", "raw_all_gather", "raw_round_trip", "handrolled", "fused_objects", "main"),
         *("main_collectives", "step3_main", "step3_group"),
         *_QUIET,
