@@ -142,7 +142,7 @@ class Headers:
         return self.rows.T.tolist()  # type: ignore[no-any-return]
 
     def column(self, word: int) -> list[int]:
-        """One header word of every rank, in rank order."""
+        """One header word of every rank, in rank order (the table's own list: read it, never modify it)."""
         return self._words[word]
 
     @property
