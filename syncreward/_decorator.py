@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast, overload
@@ -19,6 +20,7 @@ from typing_extensions import ParamSpec
 
 from ._binding import Binder
 from ._group import GroupMode, RewardGroup
+from ._identity import Identity, call_site
 from ._lifecycle import call_async, call_sync, nested
 from ._modes import MODES
 from ._modes._base import GatherMode, Spec
@@ -296,9 +298,11 @@ def wrap(func: Any, impl: ModeImpl, options: _Options) -> Any:
     binder = Binder(func, include=include, exclude=exclude, shared=shared)
     if group_by is not None and group_by in binder.shared:
         raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
+    display = _display_name(func)
     spec = Spec(
         fn=func,
         name=_stable_name(func),
+        identity=Identity(func, display),
         mode=options.mode,
         timeout=float(options.timeout),
         group_size=options.group_size,
@@ -316,7 +320,7 @@ def wrap(func: Any, impl: ModeImpl, options: _Options) -> Any:
             be = resolve_backend(backend, process_group)
             if be.world_size == 1:
                 return await async_func(*args, **kwargs)
-            return await call_async(spec, be, args, kwargs)
+            return await call_async(spec, be, args, kwargs, call_site(sys._getframe(1)))
 
         wrapper: Callable[..., Any] = async_wrapper
     else:
@@ -327,14 +331,14 @@ def wrap(func: Any, impl: ModeImpl, options: _Options) -> Any:
             be = resolve_backend(backend, process_group)
             if be.world_size == 1:
                 return func(*args, **kwargs)
-            return call_sync(spec, be, args, kwargs)
+            return call_sync(spec, be, args, kwargs, call_site(sys._getframe(1)))
 
         wrapper = sync_wrapper
     if inspect.isfunction(_unwrap(func)) or inspect.ismethod(_unwrap(func)):
         functools.update_wrapper(wrapper, func)
     else:  # a callable instance: its attributes stay on it, not on the wrapper
         functools.update_wrapper(wrapper, func, assigned=("__module__", "__doc__"), updated=())
-    wrapper.__name__ = _display_name(func)
+    wrapper.__name__ = display
     if not isinstance(getattr(func, "__qualname__", None), str):
         wrapper.__qualname__ = wrapper.__name__
     wrapper.__syncreward_spec__ = spec  # type: ignore[attr-defined]

@@ -28,7 +28,15 @@ from ._wire import (
     split,
 )
 
-__all__ = ["Inbound", "all_to_all", "broadcast_blobs", "exchange_inbound", "report_failures", "scatter"]
+__all__ = [
+    "Inbound",
+    "all_to_all",
+    "broadcast_blobs",
+    "exchange_inbound",
+    "mismatch",
+    "report_failures",
+    "scatter",
+]
 
 
 def all_to_all(
@@ -113,8 +121,9 @@ def report_failures(
     return Raise(error)
 
 
-def _mismatch(session: Session, headers: Headers, description: str, timeout: float) -> Raise:
-    blobs = broadcast_blobs(session, description.encode("utf-8", "backslashreplace"), headers.desc_sizes, 0, timeout)
+def mismatch(session: Session, desc_sizes: Sequence[int], description: str, channel: int, timeout: float) -> Raise:
+    """Every rank learns what every rank called (``desc_sizes[r]``: the size of rank ``r``'s description)."""
+    blobs = broadcast_blobs(session, description.encode("utf-8", "backslashreplace"), desc_sizes, channel, timeout)
     lines = [f"  rank {r}: {b.decode(errors='replace')}" for r, b in enumerate(blobs)]
     return Raise(
         MismatchError(
@@ -210,7 +219,7 @@ def exchange_inbound(
     if headers.failed:
         return report_failures(session, headers.statuses, headers.sizes, error, blob, 0, timeout, function)
     if not headers.agree:
-        return _mismatch(session, headers, description, timeout)
+        return mismatch(session, headers.desc_sizes, description, 0, timeout)
     counts = headers.counts
     dropped = dropped_names(names, droppable, headers.masks) if droppable and headers.any_dropped else frozenset()
     inbound = Inbound(headers, counts, offsets(counts), dropped)

@@ -5,25 +5,47 @@ TRL calls every reward of a step with the same arguments -- the same ``prompts``
 together afterwards). Synced one by one, each reward would gather those columns again. The members of
 a group made with :func:`synced_rewards` share what the first call of a step gathered:
 
-* a call whose per-sample columns are **the very objects** (``is``) an earlier call of the group sent,
-  at the same training step, is a *hit*: it skips the inbound exchange and is scored on the global
-  columns kept from that call; only its results travel (one collective in ``mode="main"``);
+* a call is a *hit* when every per-sample column it receives is **the very object** (``is``) an
+  earlier call of the group sent, **with the length it had then**, at the same training step, and the
+  function needs no column that the earlier call left behind: it skips the inbound exchange and is
+  scored on the global columns kept from that call; only its results travel (one collective in
+  ``mode="main"``);
 * any other call is a *miss*: it gathers its columns as a synced call always does, and what it
   gathered replaces what the group kept.
 
-Identity, not content, recognises the same inputs: nothing is guessed, and no content is hashed. The
-decision is made in the call's inbound turn, from what earlier calls on every rank did, so in SPMD code
-every rank decides alike; results still carry their call's fingerprint and sequence number, so a rank
-that decided otherwise raises instead of pairing with the wrong call. An inbound exchange that fails
-(on every rank) makes every rank forget what was kept.
+Identity, not content, recognises the same inputs: nothing is guessed, and no content is hashed. What
+makes that decision the same on every rank:
+
+* **only objects that prove identity count.** An empty column, or a tuple (immutable: the empty tuple
+  is a singleton, and a constant tuple is the same object every time its code runs), could be "the
+  same object" at a later step on one rank while the other ranks pass new lists. Each rank says in the
+  miss's header (``aux``) whether its columns prove identity -- non-empty lists, numpy arrays, tensors
+  (:func:`proves_identity`) -- and the kept columns serve later calls only if they did **on every
+  rank**: every rank reads the same headers, so every rank keeps the same verdict;
+* **the rest is the program's own.** Where every rank's columns prove identity, a rank decides
+  differently from the others only if its code replaced or resized its column objects differently
+  between two members -- code that differs between ranks. Such a divergence cannot be seen from inside
+  one rank: the hit waits for its results, the miss in its gather, and the call ends at ``timeout=``
+  (docs/concepts.md, "What makes two calls the same call");
+* **every hit is checked on every rank.** A hit's result exchange carries every rank's fingerprint,
+  sequence number and step to every rank (``mode="main"``; ``replicate``'s status exchange already
+  does), so members called in a different order on different ranks raise ``MismatchError`` on every
+  rank, the scoring rank included.
+
+An inbound exchange that fails (on every rank) makes every rank forget what was kept.
 """
 
 from __future__ import annotations
 
+import array
+import collections
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import torch
 
 from ._binding import Bound
 from ._exchange import Inbound
@@ -34,17 +56,38 @@ from ._wire import error_blob
 __all__ = ["GroupMode", "RewardGroup"]
 
 
+_PROVING = (list, collections.deque, array.array, np.ndarray, torch.Tensor)
+
+
+def proves_identity(values: Any) -> bool:
+    """Whether ``values`` being the same object as before shows, on every rank, that it is the same input.
+
+    Non-empty mutable containers do: each is a new object unless the program hands over the same one.
+    Empty ones and tuples do not: the interpreter shares them (``() is ()``, constant tuples).
+    """
+    return isinstance(values, _PROVING) and len(values) > 0
+
+
 @dataclass
 class _Kept:
     """What one call of the group gathered, as seen on this rank."""
 
     step: int
     local: dict[str, Any]  # column name -> the local object that was sent (kept alive: ids stay unique)
+    lengths: dict[str, int]  # column name -> its length then: a list appended to since is new input
+    shareable: bool  # every rank's columns proved identity (from the gathered headers: agreed)
     inbound: Inbound
     values: dict[str, Any] | Exception | None  # the global columns where this rank scores (or why it has none)
 
     def matches(self, bound: Bound) -> bool:
-        return bound.step == self.step and all(self.local.get(c.name) is c.values for c in bound.columns)
+        if not self.shareable or bound.step != self.step:
+            return False
+        for c in bound.columns:
+            if self.lengths.get(c.name) != len(c.values) or self.local.get(c.name) is not c.values:
+                return False
+            if c.name in self.inbound.dropped and c.name not in bound.droppable:
+                return False  # this member names a column the earlier call left behind: it must travel now
+        return True
 
     def values_copy(self) -> dict[str, Any] | Exception | None:
         """Each member gets its own lists, so one that edits its input in place cannot change another's."""
@@ -92,14 +135,17 @@ class GroupMode(Mode):
         if call.error is None and call.bound is not None and kept is not None and kept.matches(call.bound):
             self.group.hits += 1
             call.dropped = kept.inbound.dropped
-            return base.scoring_for(call, kept.inbound, kept.values_copy())
+            scoring = base.scoring_for(call, kept.inbound, kept.values_copy())
+            scoring.shared = True  # no inbound exchange checked this call: its result exchange must
+            return scoring
         self.group.misses += 1
         if call.error is None:
             try:
                 base.prepare(call)
             except Exception as e:
                 call.error, call.blob = e, error_blob(e)
-        got = call.exchange(call.frame, base.route(call.world_size))
+        proves = call.bound is not None and all(proves_identity(c.values) for c in call.bound.columns)
+        got = call.exchange(call.frame, base.route(call.world_size), aux=int(proves))
         if isinstance(got, Raise):
             self.group.forget(session)
             return got
@@ -108,7 +154,8 @@ class GroupMode(Mode):
             # kept on every rank whatever happens next, so that every rank decides the next calls alike (a
             # merge that failed here is kept too: a hit then fails, and fails on every rank)
             local = {c.name: c.values for c in call.bound.columns}
-            kept = _Kept(call.bound.step, local, got, values)
+            lengths = {c.name: len(c.values) for c in call.bound.columns}
+            kept = _Kept(call.bound.step, local, lengths, all(got.headers.aux), got, values)
             self.group.keep(session, kept)
             values = kept.values_copy()
         return base.scoring_for(call, got, values)

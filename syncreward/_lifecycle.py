@@ -51,10 +51,12 @@ def _scoring() -> Iterator[None]:
         _SCORING.reset(token)
 
 
-def _open(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], is_async: bool) -> Call:
+def _open(
+    spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str, is_async: bool
+) -> Call:
     session = session_for(backend)
     seq, problem = session.open(is_async)
-    call = Call(spec, session, seq)
+    call = Call(spec, session, seq, site)
     try:
         call.prepare(spec.impl, args, kwargs, problem)
     except BaseException:  # KeyboardInterrupt while binding: the sequence number is taken, so finish the call
@@ -63,9 +65,9 @@ def _open(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str,
     return call
 
 
-def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Make one synced call of a plain function and return this rank's results."""
-    call = _open(spec, backend, args, kwargs, is_async=False)
+def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
+    """Make one synced call of a plain function (called from ``site``) and return this rank's results."""
+    call = _open(spec, backend, args, kwargs, site, is_async=False)
     session, mode, seq = call.session, spec.impl, call.seq
     try:
         try:
@@ -85,9 +87,11 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
         session.close(seq)
 
 
-async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Make one synced call of an ``async`` function; its exchanges never block the event loop."""
-    call = _open(spec, backend, args, kwargs, is_async=True)
+async def call_async(
+    spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str
+) -> Any:
+    """Make one synced call of an ``async`` function (from ``site``); its exchanges never block the event loop."""
+    call = _open(spec, backend, args, kwargs, site, is_async=True)
     session, mode, seq = call.session, spec.impl, call.seq
     fn: Callable[..., Awaitable[Any]] = spec.fn
     inbound = session.submit(0, seq, lambda: mode.inbound(call))

@@ -40,6 +40,7 @@ __all__ = [
     "HEADER_LEN",
     "NO_STEP",
     "OK",
+    "CallCheck",
     "VERSION",
     "Headers",
     "Predictor",
@@ -340,6 +341,37 @@ class ResultChunk:
     def unpack(cls, buf: bytes | memoryview) -> ResultChunk:
         status, overflow, capacity, size, fp, seq = _CHUNK.unpack_from(buf)
         return cls(status, bool(overflow), capacity, size, fp, seq)
+
+
+@dataclass(frozen=True)
+class CallCheck:
+    """What a rank says of its call in a reward group's hit, to every rank: no inbound headers checked it.
+
+    Every rank receives every other rank's record in the hit's result exchange, so every rank sees the
+    same set and every rank raises together when the records differ (members called in another order).
+    """
+
+    fp: int
+    seq: int
+    step: int
+    desc_bytes: int
+
+    SIZE = 32
+    _STRUCT = struct.Struct("<qqqq")
+
+    def pack(self) -> bytes:
+        return self._STRUCT.pack(self.fp, self.seq, self.step, self.desc_bytes)
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> CallCheck:
+        fp, seq, step, desc = cls._STRUCT.unpack_from(buf)
+        return cls(fp, seq, step, max(0, min(desc, MAX_DESC)))
+
+    def same_call(self, other: CallCheck) -> bool:
+        return (self.fp, self.seq, self.step) == (other.fp, other.seq, other.step)
+
+
+MAX_DESC = 1 << 20  # a call description is a line of text: a larger size in a check record is not believed
 
 
 class ResultPredictor:

@@ -146,8 +146,8 @@ def test_a_reward_group_member_that_raises_raises_on_every_rank_and_the_group_re
         assert b1 == [1.0] * SIZES[rank]
 
 
-def test_reward_group_members_called_in_a_different_order_never_pair_silently() -> None:
-    """Rank 1 calls the second and third members in the other order: it raises, it never gets the wrong results."""
+def test_reward_group_members_called_in_a_different_order_raise_on_every_rank() -> None:
+    """Rank 1 calls the second and third members in the other order: every rank raises, the scoring rank too."""
 
     def body(rank: int, world_size: int) -> Any:
         acc, brev, other = synced_rewards(accuracy, brevity, accuracy, timeout=5)
@@ -159,14 +159,32 @@ def test_reward_group_members_called_in_a_different_order_never_pair_silently() 
             try:
                 out.append(("ok", f(**kw)))
             except (MismatchError, RemoteError) as e:
-                out.append((type(e).__name__, str(e)[:200]))
+                out.append((type(e).__name__, str(e)))
         return out
 
     results = run_threads(body, len(SIZES), timeout=60)
-    for call in results[1]:
-        assert call[0] == "MismatchError", results[1]
-    for rank in (0, 2):  # same order as the scoring rank: right results
-        assert results[rank][0] == ("ok", oracle(brevity, 0, rank)), results[rank]
+    for rank, calls in enumerate(results):
+        for kind, message in calls:
+            assert kind == "MismatchError", (rank, calls)
+            assert all(f"rank {r}: call #" in message for r in range(len(SIZES))), message  # what each rank called
+
+
+@pytest.mark.parametrize("mode", ["main", "replicate"])
+def test_reward_group_members_in_a_different_order_raise_on_every_rank_in_both_modes(mode: str) -> None:
+    def body(rank: int, world_size: int) -> Any:
+        acc, brev = synced_rewards(accuracy, brevity, mode=mode, timeout=5)  # type: ignore[arg-type]
+        kw = step_kwargs(rank, 0)
+        acc(**kw)
+        out = []
+        for f in (acc, brev) if rank == 0 else (brev, acc):
+            try:
+                out.append(("ok", f(**kw)))
+            except MismatchError as e:
+                out.append(("MismatchError", str(e)))
+        return out
+
+    for rank, calls in enumerate(run_threads(body, 2, timeout=60)):
+        assert [kind for kind, _ in calls] == ["MismatchError", "MismatchError"], (rank, calls)
 
 
 def test_synced_rewards_checks_its_options() -> None:

@@ -28,6 +28,7 @@ from .._binding import Binder, Bound
 from .._codec import C_TENSOR, CONTAINERS, decode_frame, encode_frame
 from .._errors import CodecError, MismatchError
 from .._exchange import Inbound, exchange_inbound
+from .._identity import Identity
 from .._logs import Logs
 from .._session import Raise, Session
 from .._wire import FAILED, NO_STEP, OK, drop_mask, error_blob, fingerprint, pack_header
@@ -41,6 +42,7 @@ class Spec:
 
     fn: Callable[..., Any]
     name: str
+    identity: Identity  # what tells this reward from its siblings (``_identity``), the same on every rank
     mode: str
     timeout: float
     group_size: int | None
@@ -54,16 +56,17 @@ class Spec:
         group = f", group_size={self.group_size}" if self.group_size else ""
         group += f", group_by={self.group_by!r}" if self.group_by else ""
         pickle = ", allow_pickle=True" if self.allow_pickle else ""
-        return f"{self.name}(mode={self.mode!r}{group}{pickle})"
+        return f"{self.identity.key()}(mode={self.mode!r}{group}{pickle})"
 
 
 class Call:
     """One synced call on this rank: its sequence number, bound arguments, encoded payload, header fields."""
 
-    def __init__(self, spec: Spec, session: Session, seq: int) -> None:
+    def __init__(self, spec: Spec, session: Session, seq: int, site: str) -> None:
         self.spec = spec
         self.session = session
         self.seq = seq
+        self.site = site  # where the call comes from (``_identity.call_site``): part of the fingerprint
         self.rank = session.rank
         self.world_size = session.world_size
         self.error: BaseException | None = None  # this rank's own failure before the exchange
@@ -90,7 +93,7 @@ class Call:
         except Exception as e:
             self.error = e
         cols = ", ".join(f"{c.name}:{CONTAINERS[c.container]}" for c in self.bound.columns) if self.bound else "?"
-        schema = f"{self.spec.key} per-sample columns [{cols}]"
+        schema = f"{self.spec.key} per-sample columns [{cols}] called from {self.site}"
         self.fp = fingerprint(schema)
         step = f" at step {self.step}" if self.step != NO_STEP else ""
         self.description = f"call #{self.seq}{step}: {schema}"
@@ -201,6 +204,7 @@ class Scoring:
     logs: Logs | None = None
     state: Any = None  # the mode's own data for outbound()
     values: dict[str, Any] | None = None  # the global columns this rank scores (gathering modes)
+    shared: bool = False  # scored on what an earlier call gathered (a reward group's hit): no headers checked it
 
 
 class Mode:

@@ -17,10 +17,10 @@ import numpy as np
 from .._batch import rebuild_result, result_columns, take
 from .._codec import Column, decode_frame, decode_value, encode_frame, is_plain
 from .._errors import CodecError, MismatchError, RemoteError
-from .._exchange import Inbound, all_to_all, scatter
+from .._exchange import Inbound, all_to_all, mismatch, scatter
 from .._logs import Logs
 from .._session import Raise
-from .._wire import FAILED, OK, ResultChunk, error_blob
+from .._wire import FAILED, OK, CallCheck, ResultChunk, error_blob, split
 from ._base import Call, GatherMode, Scoring
 
 __all__ = ["MainMode"]
@@ -102,12 +102,14 @@ class MainMode(GatherMode):
         for r in range(w):  # rank 0's own block is all zeros: a scatter sends every rank one block
             body = bodies.get(r, b"")
             send += ResultChunk(status, overflow, nxt, len(body), call.fp, call.seq).pack(body, cap)
-        scatter(session, send, cap, ROOT, 1, call.timeout)
+        checks = _results_exchange(call, scoring, send, cap)[1]
         if overflow:
             tails = {r: bodies[r][cap - ResultChunk.HEADER :] for r in bodies}
             rest_counts = [len(tails.get(r, b"")) for r in range(w)]
             all_to_all(session, b"".join(tails.values()), rest_counts, [0] * w, 1, call.timeout)
         session.result_cap = nxt
+        if checks is not None and _disagree(checks):
+            return _mismatch(call, checks)
         if error is not None:
             return Raise(error)
         try:
@@ -120,7 +122,7 @@ class MainMode(GatherMode):
         session, inbound = call.session, scoring.state
         w, me = call.world_size, call.rank
         cap = session.result_cap
-        buf = scatter(session, b"", cap, ROOT, 1, call.timeout)
+        buf, checks = _results_exchange(call, scoring, None, cap)
         chunk = ResultChunk.unpack(buf.data)
         body = buf[ResultChunk.HEADER : ResultChunk.HEADER + min(chunk.body_bytes, cap - ResultChunk.HEADER)].tobytes()
         if chunk.overflow:
@@ -128,6 +130,8 @@ class MainMode(GatherMode):
             recv = [rest if s == ROOT else 0 for s in range(w)]
             body += all_to_all(session, b"", [0] * w, recv, 1, call.timeout).tobytes()
         session.result_cap = chunk.next_capacity
+        if checks is not None and _disagree(checks):
+            return _mismatch(call, checks)
         try:
             if (chunk.fp, chunk.seq) != (call.fp, call.seq):
                 return Raise(
@@ -149,3 +153,42 @@ class MainMode(GatherMode):
             return rebuild_result(meta.get("keys"), cols, call.device())
         except Exception as e:  # everything was exchanged: a local failure, the session stays usable
             return Raise(e)
+
+
+def _results_exchange(
+    call: Call, scoring: Scoring, blocks: bytearray | None, cap: int
+) -> tuple[np.ndarray, list[CallCheck] | None]:
+    """Send every rank its ``cap``-byte result block from rank 0; return this rank's block.
+
+    After an inbound exchange every rank knows the ranks make the same call, and the blocks go out in
+    one scatter. A reward group's hit had no inbound exchange: its blocks travel in an ``all_to_all`` in
+    which every rank also sends every other rank a :class:`CallCheck`, so every rank can tell whether
+    they all scored the same call (the returned checks, in rank order).
+    """
+    session, me, w = call.session, call.rank, call.world_size
+    if not scoring.shared:
+        return scatter(session, blocks or b"", cap, ROOT, 1, call.timeout), None
+    mine = CallCheck(call.fp, call.seq, call.step, len(call.description.encode("utf-8", "backslashreplace")))
+    head = mine.pack()
+    extra = cap if me == ROOT else 0
+    send = bytearray()
+    for d in range(w):
+        if d != me:
+            send += head
+            if blocks is not None:
+                send += blocks[d * cap : (d + 1) * cap]
+    send_counts = [0 if d == me else CallCheck.SIZE + extra for d in range(w)]
+    recv_counts = [0 if s == me else CallCheck.SIZE + (cap if s == ROOT else 0) for s in range(w)]
+    parts = split(all_to_all(session, send, send_counts, recv_counts, 1, call.timeout), recv_counts)
+    checks = [mine if s == me else CallCheck.unpack(parts[s][: CallCheck.SIZE].tobytes()) for s in range(w)]
+    block = parts[ROOT][CallCheck.SIZE :] if me != ROOT else np.zeros(cap, dtype=np.uint8)
+    return block, checks
+
+
+def _disagree(checks: list[CallCheck]) -> bool:
+    """Whether the ranks scored different calls (the same answer on every rank: all hold all checks)."""
+    return any(not c.same_call(checks[0]) for c in checks[1:])
+
+
+def _mismatch(call: Call, checks: list[CallCheck]) -> Raise:
+    return mismatch(call.session, [c.desc_bytes for c in checks], call.description, 1, call.timeout)
