@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import os
@@ -104,11 +105,10 @@ def features(fn: Any, display_name: str) -> tuple[str, dict[str, str]]:
     owner = getattr(inner, "__self__", None)
     target = getattr(inner, "__func__", inner)  # bound method -> its function
     code = getattr(target, "__code__", None)
-    for name, cell in zip(getattr(code, "co_freevars", ()), getattr(target, "__closure__", None) or ()):
-        try:
+    cells = getattr(target, "__closure__", None) or ()
+    for name, cell in zip(getattr(code, "co_freevars", ()), cells, strict=False):
+        with contextlib.suppress(ValueError):  # an empty cell
             found[f"closure.{name}"] = plain_repr(cell.cell_contents)  # a factory's make_reward(target=10)
-        except ValueError:  # an empty cell
-            pass
     if owner is not None and not inspect.ismodule(owner):
         found.update(_attributes(owner))
     elif not (inspect.isfunction(target) or inspect.isbuiltin(target) or inspect.isclass(target)):
@@ -199,9 +199,9 @@ def _bump() -> None:
 
 # Frames of these files are the interpreter's scheduling machinery, not a caller: a coroutine run as a
 # task, or a function run by a pool's worker. Their line numbers differ between Python versions.
-_MACHINERY = tuple(
-    os.path.dirname(m.__file__) + os.sep for m in (asyncio, concurrent.futures) if m.__file__
-) + ((threading.__file__,) if threading.__file__ else ())
+_MACHINERY = tuple(os.path.dirname(m.__file__) + os.sep for m in (asyncio, concurrent.futures) if m.__file__) + (
+    (threading.__file__,) if threading.__file__ else ()
+)
 _NO_CALLER = "<an event loop task or a thread pool>"
 _sites: dict[tuple[Any, int], str] = {}
 

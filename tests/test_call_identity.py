@@ -59,7 +59,8 @@ def test_two_partials_of_one_function_called_in_another_order_raise_on_every_ran
     b = synced_reward(functools.partial(target_reward, target=20), timeout=5)
     results = _swapped(a, b)
     _every_rank_raised(results)
-    assert "target=10" in results[0][0][1] and "target=20" in results[0][0][1]  # the message tells them apart
+    assert "target=10" in results[0][0][1]  # the message tells them apart
+    assert "target=20" in results[0][0][1]
 
 
 def test_two_configured_instances_of_one_class_called_in_another_order_raise_on_every_rank() -> None:
@@ -117,7 +118,8 @@ def test_an_extra_call_at_the_same_step_from_another_place_raises_on_every_rank(
 
     results = run_threads(body, 2, timeout=30)
     assert [kind for kind, _ in results] == ["MismatchError", "MismatchError"], results
-    assert "_on_step_end" in results[1][1] and "_train_step" in results[1][1]
+    assert "_on_step_end" in results[1][1]
+    assert "_train_step" in results[1][1]
 
 
 def test_calls_from_one_place_in_a_loop_pair() -> None:
@@ -152,7 +154,8 @@ def test_async_rewards_gathered_as_tasks_pair_across_ranks() -> None:
 def test_plain_repr_never_holds_a_memory_address() -> None:
     obj = object()
     text = plain_repr({"model": obj, "k": [1, 2.5, "x", None, (True,)], "s": {3, 1}})
-    assert "0x" not in text and text == "{k=[1, 2.5, 'x', None, (True,)], model=<object>, s=<set>}"
+    assert "0x" not in text
+    assert text == "{k=[1, 2.5, 'x', None, (True,)], model=<object>, s=<set>}"
 
 
 def test_identity_holds_only_what_tells_siblings_apart() -> None:
