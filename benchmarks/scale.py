@@ -106,28 +106,33 @@ def model(mode: str, w: int, rank: int, p: dict[str, int]) -> dict[str, int]:
     pairs with a nonzero byte count; bytes exclude a rank's copy to itself.
     """
     from syncreward._wire import HEADER_BYTES as H
+    from syncreward._wire import CallCheck
 
     e = eager(p["frame"])
     caps = p["cap"] * (p.get("rewards", 1) if mode == "step3" else 1)
     k = p.get("rewards", 1) if mode == "step3" else 1
     if mode in ("main", "step3"):
-        # inbound: every header to every rank, the payload to rank 0; outbound: one block per rank from rank 0
+        # inbound: every header to every rank, the payload to rank 0; outbound: one block per rank from rank 0.
+        # step3 (a reward group): the first reward gathers; each later one (a hit) sends its results in an
+        # all_to_all in which every rank also sends every other rank its CallCheck record
+        hits = k - 1
+        c = CallCheck.SIZE * (w - 1) * hits  # check-record bytes a rank sends (and receives) over the hits
         if rank == 0:
             return {
                 "collectives": 1 + k,
                 "msgs_out": (1 + k) * (w - 1),
-                "msgs_in": w - 1,
-                "bytes_out": (w - 1) * (H + caps),
-                "bytes_in": (w - 1) * (H + e),
+                "msgs_in": (w - 1) * (1 + hits),
+                "bytes_out": (w - 1) * (H + caps) + c,
+                "bytes_in": (w - 1) * (H + e) + c,
                 "recv_buffer_peak": w * H + (w - 1) * e,
             }
         return {
             "collectives": 1 + k,
-            "msgs_out": w - 1,
-            "msgs_in": (w - 1) + k,
-            "bytes_out": (w - 1) * H + e,
-            "bytes_in": (w - 1) * H + caps,
-            "recv_buffer_peak": max(w * H, p["cap"]),
+            "msgs_out": (w - 1) * (1 + hits),
+            "msgs_in": (w - 1) + 1 + (w - 1) * hits,
+            "bytes_out": (w - 1) * H + e + c,
+            "bytes_in": (w - 1) * H + caps + c,
+            "recv_buffer_peak": max(w * H, p["cap"] + CallCheck.SIZE * (w - 1) if hits else p["cap"]),
         }
     if mode == "replicate":
         # inbound: header + payload to every rank; a status all_gather
@@ -154,6 +159,15 @@ def model(mode: str, w: int, rank: int, p: dict[str, int]) -> dict[str, int]:
     raise ValueError(mode)
 
 
+def wire_msgs(mode: str, w: int, collectives: int) -> int:
+    """gloo messages per call in the steady state (an alltoallv W(W-1), empty ones included, a scatter W-1)."""
+    if mode == "main":
+        return w * (w - 1) + (w - 1)
+    if mode == "step3":  # inbound, the first reward's scatter, then one alltoallv per hit
+        return w * (w - 1) + (w - 1) + (collectives - 2) * w * (w - 1)
+    return collectives * w * (w - 1)
+
+
 def totals(mode: str, w: int, p: dict[str, int]) -> dict[str, int]:
     """Whole-job counts per call: messages, gloo wire messages, bytes."""
     r0 = model(mode, w, 0, p)
@@ -162,8 +176,9 @@ def totals(mode: str, w: int, p: dict[str, int]) -> dict[str, int]:
     return {
         "collectives": coll,
         "msgs_total": r0["msgs_out"] + (w - 1) * rk["msgs_out"],
-        # gloo's alltoallv posts a send to every peer, even of 0 bytes; main's results go in a scatter: W - 1
-        "wire_msgs_total": (w * (w - 1) + (coll - 1) * (w - 1)) if mode in ("main", "step3") else coll * w * (w - 1),
+        # gloo's alltoallv posts a send to every peer, even of 0 bytes; main's results go in a scatter: W - 1,
+        # a reward group's hits in an alltoallv
+        "wire_msgs_total": wire_msgs(mode, w, coll),
         "bytes_total": r0["bytes_out"] + (w - 1) * rk["bytes_out"],
         "recv_buffer_rank0": r0["recv_buffer_peak"],
         "recv_buffer_other": rk["recv_buffer_peak"],
