@@ -29,6 +29,7 @@ from ._wire import (
 )
 
 __all__ = [
+    "SITE",
     "Inbound",
     "all_to_all",
     "broadcast_blobs",
@@ -121,17 +122,31 @@ def report_failures(
     return Raise(error)
 
 
+SITE = " called from "  # how a call's description names its call site (``Call.prepare``)
+
+
 def mismatch(session: Session, desc_sizes: Sequence[int], description: str, channel: int, timeout: float) -> Raise:
     """Every rank learns what every rank called (``desc_sizes[r]``: the size of rank ``r``'s description)."""
     blobs = broadcast_blobs(session, description.encode("utf-8", "backslashreplace"), desc_sizes, channel, timeout)
-    lines = [f"  rank {r}: {b.decode(errors='replace')}" for r, b in enumerate(blobs)]
+    texts = [b.decode(errors="replace") for b in blobs]
+    lines = [f"  rank {r}: {t}" for r, t in enumerate(texts)]
+    hint = (
+        "every rank must call the same synced functions, in the same order, with the same per-sample columns (same "
+        "names and container types), at the same training step (a call made on some ranks only, e.g. under `if rank "
+        "== 0`, shifts every later call)."
+    )
+    if len({t.rsplit(SITE, 1)[0] for t in texts}) == 1:  # the same call, made from different places
+        hint = (
+            "the ranks made the same call from different places in the code. If that is a call some ranks make "
+            "on their own (a callback or an evaluation under `if rank == 0`), make it on every rank or not at all; "
+            "if the ranks run different code on purpose (a Ray driver and a task), make every rank call the "
+            "synced function through one shared function."
+        )
     return Raise(
         MismatchError(
             "ranks made different synced calls at the same point, so their batches cannot be combined:\n"
             + "\n".join(lines)
-            + "\nHINT: every rank must call the same synced functions, in the same order, with the same per-sample "
-            "columns (same names and container types), at the same training step (a call made on some ranks only, "
-            "e.g. under `if rank == 0`, shifts every later call)."
+            + f"\nHINT: {hint}"
         )
     )
 

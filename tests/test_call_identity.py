@@ -120,6 +120,7 @@ def test_an_extra_call_at_the_same_step_from_another_place_raises_on_every_rank(
     assert [kind for kind, _ in results] == ["MismatchError", "MismatchError"], results
     assert "_on_step_end" in results[1][1]
     assert "_train_step" in results[1][1]
+    assert "from different places" in results[1][1]  # the HINT says what differs
 
 
 def test_calls_from_one_place_in_a_loop_pair() -> None:

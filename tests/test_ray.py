@@ -435,19 +435,23 @@ def test_backend_resolution(members: Any) -> None:
 # --------------------------------------------------------------------------------------------- tasks + driver
 
 
+def score_both(rank: int, world_size: int) -> list[Any]:
+    """The driver and the task run different code: they make their synced calls through one function."""
+    b = local_batch(rank, world_size)
+    return [main_batch(**b), replicate_batch(**b)]
+
+
 @ray.remote(num_cpus=0)
 def task_member(group: str, rank: int, world_size: int) -> Any:
     with join(group, rank, world_size):
-        b = local_batch(rank, world_size)
-        return [main_batch(**b), replicate_batch(**b)]
+        return score_both(rank, world_size)
 
 
 def test_a_task_and_the_driver_can_be_members(members: Any) -> None:
     ref = task_member.remote("task-driver", 1, 2)
     with join("task-driver", 0, 2) as backend:
         assert isinstance(backend, RayBackend)
-        b = local_batch(0, 2)
-        mine = [main_batch(**b), replicate_batch(**b)]
+        mine = score_both(0, 2)
     theirs = ray.get(ref, timeout=60)
     expected = slices(batch_reward(**global_batch(2)), 2)
     assert mine == [expected[0], expected[0]]

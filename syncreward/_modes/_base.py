@@ -27,7 +27,7 @@ from .._batch import concat
 from .._binding import Binder, Bound
 from .._codec import C_TENSOR, CONTAINERS, decode_frame, encode_frame
 from .._errors import CodecError, MismatchError
-from .._exchange import Inbound, exchange_inbound
+from .._exchange import SITE, Inbound, exchange_inbound
 from .._identity import Identity
 from .._logs import Logs
 from .._session import Raise, Session
@@ -93,7 +93,7 @@ class Call:
         except Exception as e:
             self.error = e
         cols = ", ".join(f"{c.name}:{CONTAINERS[c.container]}" for c in self.bound.columns) if self.bound else "?"
-        schema = f"{self.spec.key} per-sample columns [{cols}] called from {self.site}"
+        schema = f"{self.spec.key} per-sample columns [{cols}]{SITE}{self.site}"
         self.fp = fingerprint(schema)
         step = f" at step {self.step}" if self.step != NO_STEP else ""
         self.description = f"call #{self.seq}{step}: {schema}"
