@@ -9,7 +9,8 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
   calls issue their collectives in the same order on every rank while their function bodies overlap.
   A step waits for its turn without holding a thread: sync callers wait on a condition and run their
   step themselves; async callers hand the step over, and whoever finishes the previous turn starts it
-  on a worker thread. Nothing waits inside a fixed-size pool, so any number of concurrent calls works;
+  on a worker thread (at once: workers are never a fixed number another session's steps could all hold).
+  Nothing waits inside a fixed-size pool, so any number of concurrent calls works;
 * the **broken latch**: a transport failure (a dead peer, a timeout) inside any step, or a turn that
   never comes, breaks the session. Every waiting step and every later call then raises
   :class:`~syncreward.GroupBrokenError` at once instead of waiting for a group that can no longer agree;
@@ -25,12 +26,15 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import queue
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError
@@ -41,9 +45,78 @@ __all__ = ["Raise", "Session", "session_for"]
 
 T = TypeVar("T")
 
-# Steps of async calls run here once their turn has come (never before), so a worker never waits for
-# another step: the pool's size bounds parallelism across sessions, it cannot deadlock.
-_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="syncreward")
+
+class _Workers:
+    """Threads for the steps of async calls: a job starts at once, on an idle worker or else on a new one.
+
+    A step is handed over only once its turn has come, but it may then wait in an exchange for a step of
+    *another* session of this process -- the thread-ranks of :func:`syncreward.testing.run_threads` are
+    sessions of one process -- so no job may queue behind busy workers (a fixed-size pool deadlocks once
+    every worker waits for a step queued behind them). A session runs at most one step per channel at a
+    time, so the threads busy at once are at most two per active session. Up to ``keep`` idle workers
+    stay; the others end after ``linger`` seconds idle. At interpreter exit, idle workers end and busy
+    ones finish their step first (what ``ThreadPoolExecutor`` does), so an abandoned call still completes
+    its exchanges.
+    """
+
+    def __init__(self, keep: int = 16, linger: float = 5.0) -> None:
+        self.keep = keep
+        self.linger = linger
+        self._reset()
+        threading._register_atexit(self._stop)  # type: ignore[attr-defined]  # as ThreadPoolExecutor does
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._reset)  # the workers are not in the child
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._idle = 0  # workers waiting for a job, less the jobs already queued for them
+        self._stopping = False
+        self._started = 0
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` now on a worker thread; its exceptions are dropped (it reports its own)."""
+        job = functools.partial(fn, *args)
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+                self._jobs.put(job)
+                return
+            self._started += 1
+            name = f"syncreward_{self._started}"
+        threading.Thread(target=self._work, args=(job,), name=name).start()
+
+    def _work(self, job: Callable[[], None] | None) -> None:
+        while job is not None:
+            with contextlib.suppress(BaseException):  # a job sets its own future; the worker stays alive
+                job()
+            del job
+            job = self._next()
+
+    def _next(self) -> Callable[[], None] | None:
+        with self._lock:
+            if self._stopping:
+                return None
+            self._idle += 1
+        while True:
+            try:
+                return self._jobs.get(timeout=self.linger)  # None: the interpreter is exiting
+            except queue.Empty:
+                with self._lock:  # a job is queued only under the lock, with _idle already taken
+                    if self._jobs.empty() and self._idle > self.keep:
+                        self._idle -= 1
+                        return None
+
+    def _stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            for _ in range(self._idle):
+                self._jobs.put(None)
+            self._idle = 0
+
+
+# Steps of async calls run here once their turn has come (never before), each at once on its own thread.
+_POOL = _Workers()
 
 
 class Raise:

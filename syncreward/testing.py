@@ -29,7 +29,9 @@ Example:
             got = run_ranks(body, 3, batches)
             assert [x for part in got for x in part] == expected
 
-    ``fn``, its arguments and its return values must be picklable (define ``fn`` at module level).
+    ``fn``, its arguments and its return values must be picklable (define ``fn`` at module level). An
+    ``async def`` ``fn`` (or one that returns a coroutine) is run to completion with :func:`asyncio.run`
+    in the rank.
 
 :func:`run_threads` has the same contract but runs the ranks as ``world_size`` *threads* of this process,
 each with its own :class:`ThreadBackend` (an in-memory implementation of :class:`syncreward.Backend`):
@@ -37,6 +39,14 @@ no processes, no ports, a few milliseconds per call -- fast enough for property 
 synced rewards with the default ``backend="auto"`` use that thread's rank. The fake exchange checks the
 protocol too (receive counts must match the senders' send counts), times out with
 :class:`~syncreward.SyncTimeoutError`, and a rank that raises breaks the group so the others fail fast.
+It fails where real ranks fail rather than quietly succeed: a thread that ``fn`` starts itself (a
+``ThreadPoolExecutor``, ``threading.Thread``) starts with an empty context and belongs to no rank, so
+while any ``run_threads`` runs, a synced call from it with ``backend="auto"`` raises
+:class:`~syncreward.BackendError` instead of scoring its batch alone. Run such a helper in the rank's
+context (``pool.submit(contextvars.copy_context().run, reward, ...)``; ``asyncio.to_thread`` does it) and
+the call is that rank's, as a helper thread's call is on a real rank -- two such threads calling at once
+then raise :class:`~syncreward.MismatchError`, as in production. Async rewards work at any world size:
+each step of an async call gets a worker thread at once, never one queued behind other ranks' steps.
 Use :func:`run_ranks` for what needs real processes (``torch.distributed``, fork, signals).
 
 Example:
@@ -57,7 +67,9 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import multiprocessing as mp
 import os
 import pickle
@@ -74,6 +86,7 @@ from typing import Any
 
 import numpy as np
 
+from . import backends as _backends
 from ._errors import CommunicationError, GroupBrokenError, SyncTimeoutError
 from .backends import _context_backend
 
@@ -130,7 +143,7 @@ def _child(
     try:
         if backend != "none":
             dist.init_process_group(backend, rank=rank, world_size=world_size)
-        value = fn(rank, world_size, *args)
+        value = _finish(fn(rank, world_size, *args))
         # plain pickle: torch's multiprocessing reductions would share tensors through file descriptors
         # that die with this process before the parent reads them
         results.put((rank, "ok", pickle.dumps(value)))
@@ -143,6 +156,11 @@ def _child(
             if dist.is_initialized():
                 dist.destroy_process_group()
         log.flush()
+
+
+def _finish(value: Any) -> Any:
+    """A rank body's result; a coroutine (an ``async def`` body) is run to completion in this thread."""
+    return asyncio.run(value) if inspect.iscoroutine(value) else value
 
 
 def _tail(path: str, limit: int = 8000) -> str:
@@ -164,7 +182,7 @@ def run_ranks(
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes and return their results.
 
     Args:
-        fn: a picklable (module-level) function.
+        fn: a picklable (module-level) function; an ``async def`` one is run with :func:`asyncio.run`.
         world_size: number of ranks (processes).
         *args: extra picklable arguments passed to every rank.
         timeout: seconds for the whole run, start-up included; a rank still running after it is dumped
@@ -370,10 +388,16 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` threads of this process; return their results.
 
     Each thread is one rank with its own :class:`ThreadBackend` of a fresh :class:`ThreadGroup`; synced
-    rewards called with ``backend="auto"`` inside ``fn`` (also from coroutines it runs) use it.
+    rewards called with ``backend="auto"`` inside ``fn`` (also from coroutines it runs, and from threads
+    that run in its context: ``contextvars.copy_context().run``, ``asyncio.to_thread``) use it. While
+    ``run_threads`` runs, a synced ``backend="auto"`` call from a thread of no rank (a new thread has an
+    empty context) raises :class:`~syncreward.BackendError`, where the single-process fallback would
+    score it alone.
 
     Args:
-        fn: any callable (a closure is fine: nothing is pickled).
+        fn: any callable (a closure is fine: nothing is pickled). If it is an ``async def`` function, or
+            returns a coroutine, the coroutine is run to completion with :func:`asyncio.run` on the rank's
+            thread (in the rank's context), and its result is the rank's.
         world_size: number of ranks (threads).
         *args: extra arguments passed to every rank.
         timeout: seconds for the whole run; then the group is aborted and the stacks of the ranks still
@@ -394,7 +418,7 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
     def run(rank: int) -> None:
         _context_backend.set(backends[rank])  # a new thread starts in an empty context
         try:
-            results[rank] = fn(rank, world_size, *args)
+            results[rank] = _finish(fn(rank, world_size, *args))  # asyncio.run copies this context
         except BaseException as e:
             failures[rank] = "".join(traceback.format_exception(e))
             group.abort(f"rank {rank} raised {type(e).__name__}")
@@ -402,11 +426,15 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
     threads = [
         threading.Thread(target=run, args=(r,), name=f"syncreward-rank{r}", daemon=True) for r in range(world_size)
     ]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
+    _backends._thread_ranks(+1)  # from now on a thread that is no rank cannot make a synced call
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        _backends._thread_ranks(-1)
     frames = sys._current_frames()
     for r, t in enumerate(threads):
         if t.is_alive():

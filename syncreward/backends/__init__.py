@@ -4,7 +4,8 @@
 
 1. an explicit backend object or name passed to ``synced_reward`` (``"local"``, ``"torch"``,
    ``"accelerate"``, ``"ray"``); else, inside :func:`syncreward.testing.run_threads`, the thread-rank's
-   own backend;
+   own backend. While a ``run_threads`` is running, a thread that belongs to none of its ranks (a new
+   thread starts with an empty context) gets an error, never the local backend;
 2. ``"ray"`` if this process joined exactly one Ray group with ``syncreward.backends.ray.join()``.
    Being inside a Ray actor is never enough on its own (the group, rank and size are unknown until
    ``join()``); and if ``torch.distributed`` (or accelerate) is *also* initialised -- e.g. under Ray
@@ -34,6 +35,8 @@ __all__ = ["Backend", "LocalBackend", "resolve_backend"]
 _LOCAL = LocalBackend()
 # set by syncreward.testing.run_threads: the thread-rank's backend, which "auto" resolves to first
 _context_backend: ContextVar[Backend | None] = ContextVar("syncreward_context_backend", default=None)
+_thread_ranks_running = 0  # run_threads calls in progress (they may nest or run at once); see _thread_ranks
+_thread_ranks_lock = threading.Lock()
 _cache: dict[tuple[str, int, int], Any] = {}
 _keepalive: dict[tuple[str, int, int], Any] = {}
 
@@ -134,6 +137,24 @@ def _ray_joined() -> list[Any]:
     return [] if mod is None else mod.joined_backends()  # type: ignore[no-any-return]
 
 
+def _thread_ranks(delta: int) -> None:
+    """Count :func:`syncreward.testing.run_threads` calls in progress (``+1`` on entry, ``-1`` on exit)."""
+    global _thread_ranks_running
+    with _thread_ranks_lock:
+        _thread_ranks_running += delta
+
+
+def _not_a_thread_rank() -> BackendError:
+    return BackendError(
+        f"a synced call with backend='auto' was made from thread {threading.current_thread().name!r}, which is not "
+        "one of run_threads' ranks (a new thread starts with an empty context, so it belongs to no simulated rank), "
+        "while run_threads is running; scoring it alone would give results that real ranks never give. HINT: make "
+        "synced calls from the rank's own thread, or run the helper in the rank's context -- "
+        "pool.submit(contextvars.copy_context().run, reward, ...) or asyncio.to_thread -- so that the call belongs "
+        "to that rank and behaves as on real ranks."
+    )
+
+
 _BACKEND_TYPES: set[type] = set()  # classes whose instances passed the Backend protocol check
 
 
@@ -156,6 +177,8 @@ def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
         override = _context_backend.get()
         if override is not None:
             return override
+        if _thread_ranks_running:  # a thread of this process that belongs to no thread-rank
+            raise _not_a_thread_rank()
         ray_groups = _ray_joined() if process_group is None else []
         if process_group is not None:
             spec = "torch"
