@@ -57,7 +57,7 @@ def test_backend_resolution_group_setup_failure_is_not_called_a_timeout(monkeypa
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(dist, "new_group", boom)
+    monkeypatch.setattr(dist, "ProcessGroupGloo", boom)  # syncreward builds its gloo groups with it
     backend = syncreward.resolve_backend("torch")
     with pytest.raises(Exception) as info:  # the type is free; the message is what is pinned
         backend.all_gather(np.zeros(3, dtype=np.int64), channel=0, timeout=5.0)

@@ -23,6 +23,7 @@ import atexit
 import os
 import sys
 import threading
+import weakref
 from contextvars import ContextVar
 from typing import Any
 
@@ -37,8 +38,10 @@ _LOCAL = LocalBackend()
 _context_backend: ContextVar[Backend | None] = ContextVar("syncreward_context_backend", default=None)
 _thread_ranks_running = 0  # run_threads calls in progress (they may nest or run at once); see _thread_ranks
 _thread_ranks_lock = threading.Lock()
+# (kind, id(WORLD), id(process_group)) -> backend, and the weak references that prove those ids are still
+# the same objects (a strong reference would keep a destroyed job's groups, sockets and threads alive)
 _cache: dict[tuple[str, int, int], Any] = {}
-_keepalive: dict[tuple[str, int, int], Any] = {}
+_refs: dict[tuple[str, int, int], tuple[Any, Any]] = {}
 
 
 def _accelerate_active() -> bool:
@@ -69,18 +72,48 @@ def _env_world_size() -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+def _release_backend(backend: Any) -> None:
+    release = getattr(backend, "release", None)
+    if release is not None:
+        release()
+    # its session (which references it from the value side of a weak-keyed dict, so it would never go)
+    sessions = getattr(sys.modules.get("syncreward._session"), "_sessions", None)
+    if sessions is not None:
+        sessions.pop(backend, None)
+
+
 def _release() -> None:
     """Drop syncreward's references to its gloo groups while the interpreter is still whole.
 
     Left to interpreter teardown, a gloo group's destructor joins its worker threads at a point where
     they may need the GIL; releasing them from an ``atexit`` hook (which runs first) avoids that.
     """
-    for backend in _cache.values():
-        release = getattr(backend, "release", None)
-        if release is not None:
-            release()
+    for backend in list(_cache.values()):
+        _release_backend(backend)
     _cache.clear()
-    _keepalive.clear()
+    _refs.clear()
+
+
+def _release_dead(_: Any = None) -> None:
+    """Release the backends whose job or process group was destroyed; never one whose job is alive.
+
+    Runs as the finalizer of a cached backend's ``WORLD`` group and ``process_group`` objects (torch drops
+    its last references to them in ``destroy_process_group``), and again when a backend is created for a
+    new job (in case someone else still held a destroyed job's group object). A job is destroyed once
+    its ``WORLD`` object is gone or is no longer the default group (there is one default group at a time).
+    """
+    dist = sys.modules.get("torch.distributed")
+    current = dist.group.WORLD if dist is not None and _torch_active() else None
+    dead = []
+    for key, (world_ref, pg_ref) in list(_refs.items()):
+        world = world_ref()
+        if world is None or world is not current or (pg_ref is not None and pg_ref() is None):
+            dead.append(key)
+    for key in dead:
+        backend = _cache.pop(key, None)
+        _refs.pop(key, None)
+        if backend is not None:
+            _release_backend(backend)
 
 
 atexit.register(_release)
@@ -111,24 +144,45 @@ def _check_not_forked(kind: str) -> None:
         )
 
 
+def _live(key: tuple[str, int, int], world: Any, process_group: Any) -> Any:
+    """The cached backend under ``key`` if its ids still name ``world`` and ``process_group``."""
+    backend = _cache.get(key)
+    if backend is None:
+        return None
+    refs = _refs.get(key)
+    if refs is not None and refs[0]() is world and (refs[1] is None or refs[1]() is process_group):
+        return backend
+    return None  # the ids were reused (a finalizer would have dropped the entry first): a fresh backend
+
+
 def _cached(kind: str, process_group: Any, make: Any) -> Any:
     """One backend per (kind, job, process group): a re-initialised job gets fresh groups.
 
     Created under a lock, so two threads making their first call at once share one backend (two would
-    create two sets of gloo groups, which the other ranks would pair up wrongly).
+    create two sets of gloo groups, which the other ranks would pair up wrongly). The cache holds the job's
+    ``WORLD`` group and the ``process_group`` weakly: when either is destroyed, the backend releases its
+    gloo groups (:func:`_release_dead`).
     """
     import torch.distributed as dist
 
     _check_not_forked(kind)
-    key = (kind, id(dist.group.WORLD), id(process_group))
-    backend = _cache.get(key)
-    if backend is None:
-        with _cache_lock:
-            backend = _cache.get(key)
-            if backend is None:
-                backend = make()
-                _keepalive[key] = (process_group, dist.group.WORLD)  # keep the ids in the key from being reused
-                _cache[key] = backend
+    world = dist.group.WORLD
+    key = (kind, id(world), id(process_group))
+    backend = _live(key, world, process_group)
+    if backend is not None:
+        return backend
+    with _cache_lock:
+        _release_dead()  # earlier jobs' backends go first
+        backend = _live(key, world, process_group)
+        if backend is None:
+            stale = _cache.pop(key, None)
+            if stale is not None:
+                _release_backend(stale)
+            backend = make()
+            world_ref = weakref.ref(world, _release_dead)
+            pg_ref = None if process_group is None else weakref.ref(process_group, _release_dead)
+            _refs[key] = (world_ref, pg_ref)
+            _cache[key] = backend
     return backend
 
 

@@ -18,16 +18,42 @@ it must raise with them rather than complete a half-abandoned exchange.
 
 Every failure of the lower layer is translated in one place, :func:`_translate`; the session above
 (not this backend) remembers that the group broke.
+
+Names every member agrees on
+----------------------------
+The two gloo groups are built directly (``ProcessGroupGloo`` over a ``PrefixStore`` of the job's
+rendezvous store), not with ``dist.new_group``: torch names a locally synchronised group from its ranks
+*and* the caller's own ``len(_world.pg_names)``, which differs between ranks that hold different numbers
+of torch groups (a subgroup they are not members of, overlapping data-parallel groups, groups of their
+own), and then the members never meet. The store prefix of a backend's groups is
+``syncreward/<kind>/<scope>/<ranks>/<n>/`` (:func:`_agreed_name`), and each part is the same on every
+member:
+
+* ``kind`` (``torch`` or ``accelerate``) and ``scope`` (``world`` for ``process_group=None``, ``group``
+  otherwise) come from the ``synced_reward`` declaration, which every rank runs alike;
+* ``ranks`` are the group's *global* ranks in group-rank order, as torch records them for the group on
+  every member (``get_process_group_ranks``);
+* ``n`` counts the backends of this process that set up groups for the same (kind, scope, ranks)
+  earlier *in the current job* (the counter is kept per job, i.e. per ``WORLD`` group object, and
+  restarts in a re-initialised job, whose store is new). The backend cache holds one backend per (kind,
+  job, process group), so a process group sets up its groups once per job; groups over other member
+  sets, torch groups of any kind, and groups this rank is not a member of never move the counter. Two
+  distinct process groups with the same members are told apart by ``n`` in the order of their first
+  synced call, which every member makes in the same order (every rank makes the same synced calls).
+
+Other ranks' state never enters the name. Nothing is registered with torch, so ``destroy_process_group``
+does not know these groups: the backend cache releases them when the job's ``WORLD`` group (or the
+``process_group``) object is destroyed (``backends._cached``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import inspect
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -45,7 +71,33 @@ _POLL_S = 0.2  # how often a waiting rank looks for an abort from a peer
 _GRACE_S = 2.0  # how long a timed-out rank waits for the others to report in, to name the missing ones
 _GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
 _WORK_TIMEOUT_MESSAGE = "Operation timed out!"  # c10d::Work::wait(timeout) when the slice expires
-_NEW_GROUP_ARGS = set(inspect.signature(dist.new_group).parameters)  # group_desc= is torch >= 2.4
+
+# per job (its WORLD group object): how many backends set up groups for each (kind, scope, ranks) so far
+_creations: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+_creations_lock = threading.Lock()
+
+
+def _agreed_name(kind: str, whole_job: bool, ranks: Sequence[int]) -> str:
+    """The store prefix of a backend's gloo groups: the same on every member (see the module docstring)."""
+    base = f"syncreward/{kind}/{'world' if whole_job else 'group'}/{','.join(map(str, ranks))}"
+    world = dist.group.WORLD
+    with _creations_lock:
+        counts = _creations.get(world)
+        if counts is None:
+            counts = _creations[world] = {}
+        n = counts.get(base, 0)
+        counts[base] = n + 1
+    return f"{base}/{n}"
+
+
+def _gloo_group(store: Any, rank: int, size: int, timeout: float, ranks: Sequence[int], name: str) -> Any:
+    """A gloo group over ``store`` alone (torch >= 2.3 and 2.13 take ``(store, rank, size, timeout)``)."""
+    group = dist.ProcessGroupGloo(store, rank, size, _timedelta(timeout))
+    with contextlib.suppress(Exception):  # for torch's own logs only; older torch has no such options
+        options: Any = group.options
+        options.global_ranks_in_group = list(ranks)
+        options.group_name = name
+    return group
 
 
 def _first_line(e: BaseException) -> str:
@@ -110,6 +162,8 @@ class TorchDistributedBackend:
         )
         self._groups: list[Any] | None = None
         self._store: Any = None
+        self._released = False
+        self._name: str | None = None  # the agreed store prefix of its groups, once set up
         self._ops = [0, 0]
         self._last_done = time.monotonic()
         self._init_lock = threading.Lock()
@@ -128,35 +182,52 @@ class TorchDistributedBackend:
     # ------------------------------------------------------------------------------------------ setup
 
     def release(self) -> None:
-        """Forget the gloo groups (at exit; a later call would create new ones)."""
-        self._groups = None
-        self._store = None
+        """Drop the gloo groups (their sockets and threads go with them); a later call on this backend raises.
+
+        Called when the job (or the process group) this backend was made for is destroyed, and at exit.
+        """
+        with self._init_lock:
+            self._released = True
+            self._groups = None
+            self._store = None
 
     def _channel(self, channel: int, timeout: float) -> Any:
-        if self._groups is None:
+        groups = self._groups
+        if groups is None:
             with self._init_lock:
+                if self._released:
+                    raise BackendError(
+                        f"{self!r} was released: the torch.distributed job (or process group) it was made for was "
+                        "destroyed. HINT: synced calls resolve a fresh backend for the current job; do not keep a "
+                        "backend object across destroy_process_group()."
+                    )
                 if self._groups is None:
                     self._groups = self._create_groups(timeout)
-        return self._groups[channel]
+                groups = self._groups
+        return groups[channel]
 
     def _create_groups(self, timeout: float) -> list[Any]:
         t0 = time.perf_counter()
         store = self._default_store()
-        if store is not None:  # so that a rank that gives up can say who never came
-            with contextlib.suppress(Exception):
-                store.set(f"syncreward/arrived-setup/{self._ranks[self._rank]}", "1")
+        if store is None:
+            raise BackendError(
+                "syncreward found no rendezvous store of the torch.distributed job to set up its gloo groups over"
+            )
+        with contextlib.suppress(Exception):  # so that a rank that gives up can say who never came
+            store.set(f"syncreward/arrived-setup/{self._ranks[self._rank]}", "1")
+        name = _agreed_name(self.name, self._pg is None, self._ranks)
         try:
-            extra: dict[str, Any] = {"group_desc": "syncreward"} if "group_desc" in _NEW_GROUP_ARGS else {}
+            # the rendezvous has no wait loop of ours around it: its own timeout is the user's
             groups = [
-                dist.new_group(
-                    ranks=self._ranks,
-                    backend="gloo",
-                    # the rendezvous has no wait loop of ours around it: its own timeout is the user's
-                    timeout=_timedelta(timeout),
-                    use_local_synchronization=True,
-                    **extra,
+                _gloo_group(
+                    dist.PrefixStore(f"{name}/gloo{c}/", store),  # type: ignore[attr-defined]
+                    self._rank,
+                    self._world_size,
+                    timeout,
+                    self._ranks,
+                    f"{name}/{c}",
                 )
-                for _ in (0, 1)
+                for c in (0, 1)
             ]
         except Exception as e:
             if not _is_timeout(e):
@@ -169,9 +240,9 @@ class TorchDistributedBackend:
                 "timeout= if some ranks legitimately start much later.",
                 missing,
             ) from e
-        if store is not None:
-            self._store = dist.PrefixStore(f"syncreward/{groups[0].group_name}/", store)  # type: ignore[attr-defined]
-        log.debug("created syncreward gloo groups over %s in %.3fs", self._ranks, time.perf_counter() - t0)
+        self._store = dist.PrefixStore(f"{name}/", store)  # type: ignore[attr-defined]
+        self._name = name
+        log.debug("created syncreward gloo groups %s in %.3fs", name, time.perf_counter() - t0)
         return groups
 
     @staticmethod
@@ -180,8 +251,8 @@ class TorchDistributedBackend:
             from torch.distributed.distributed_c10d import _get_default_store
 
             return _get_default_store()
-        except Exception:  # pragma: no cover - private API moved; fall back to timeouts only
-            log.debug("no rendezvous store available; peer failures surface at the timeout", exc_info=True)
+        except Exception:  # pragma: no cover - private API moved
+            log.debug("no rendezvous store available", exc_info=True)
             return None
 
     def _missing_at_setup(self, store: Any) -> list[int]:
