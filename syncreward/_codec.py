@@ -1054,23 +1054,6 @@ def _truncated(r: _Reader, pos: int, n: int) -> CodecError:
     )
 
 
-def _check_map_keys(keys: list[Any]) -> None:
-    """Refuse map keys that cannot be hashed or that collide (see ``MAX_MAP_HASH_COLLISIONS``).
-
-    The hashes are ints that hash to themselves, so the set of them costs one probe per distinct hash,
-    whatever the keys were chosen to be.
-    """
-    try:
-        hashes = [hash(k) for k in keys if type(k) is not str and type(k) is not bytes]
-    except TypeError:
-        raise CodecError("corrupt payload: unhashable dict key") from None
-    if len(hashes) - len(set(hashes)) > MAX_MAP_HASH_COLLISIONS:
-        raise CodecError(
-            f"corrupt or hostile payload: a dict with more than {MAX_MAP_HASH_COLLISIONS} keys whose hashes "
-            "collide (building it would take time quadratic in its size)"
-        )
-
-
 def _decode(r: _Reader, depth: int) -> Any:
     # The common tags read the buffer in place (no method calls, no slices): this is the generic path's
     # inner loop. Every read is bounds-checked against r.end first.
@@ -1100,18 +1083,28 @@ def _decode(r: _Reader, depth: int) -> Any:
         if tag == T_DICT:
             if 2 * n > end - pos:
                 raise CodecError(f"corrupt payload: {n} items declared but only {end - pos} bytes left")
-            keys: list[Any] = []
-            values: list[Any] = []
-            seeded = True  # every key a str or bytes (hashed with a random seed: no chosen collisions)
+            d: dict[Any, Any] = {}
+            # The hashes of the keys that Python does not hash with a random seed (all but str and bytes):
+            # ints that hash to themselves, so this set costs one probe per key whatever the keys are.
+            hashes: set[int] | None = None
+            collisions = 0
             for _ in range(n):
                 k = _decode(r, depth + 1)
-                if seeded and type(k) is not str and type(k) is not bytes:
-                    seeded = False
-                keys.append(k)
-                values.append(_decode(r, depth + 1))
-            if not seeded:
-                _check_map_keys(keys)
-            d = dict(zip(keys, values, strict=True))
+                if type(k) is not str and type(k) is not bytes:
+                    try:
+                        h = hash(k)
+                    except TypeError:
+                        raise CodecError("corrupt payload: unhashable dict key") from None
+                    if hashes is None:
+                        hashes = {h}
+                    elif h not in hashes:
+                        hashes.add(h)
+                    elif (collisions := collisions + 1) > MAX_MAP_HASH_COLLISIONS:
+                        raise CodecError(
+                            f"corrupt or hostile payload: a dict with more than {MAX_MAP_HASH_COLLISIONS} keys "
+                            "whose hashes collide (building it would take time quadratic in its size)"
+                        )
+                d[k] = _decode(r, depth + 1)
             if len(d) != n:
                 raise CodecError("corrupt payload: duplicate dict key")
             return d
