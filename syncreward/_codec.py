@@ -79,7 +79,9 @@ MAGIC = b"SRW2"
 # ------------------------------------------------------------------------------------ hostile-input limits
 # Every limit the decoder enforces on what a peer sent (msgpack's ``Unpacker(max_*=, strict_map_key=)``),
 # in one place. Beyond them a frame is a CodecError, raised before the work or the allocation it would
-# cause. The encoder refuses (UnsupportedTypeError) what the decoder would refuse, where it can tell.
+# cause. The encoder refuses (UnsupportedTypeError) values beyond the nesting, dimension, digit and pixel
+# limits; it does not count dict-key hash collisions (a dict with 33 colliding keys took its sender
+# quadratic time to build, and is refused only when received).
 #
 # Nesting: values nested deeper than this are refused (the decoder recurses once per level).
 MAX_DEPTH = 100
