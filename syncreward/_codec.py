@@ -75,7 +75,49 @@ __all__ = [
 ]
 
 MAGIC = b"SRW2"
+
+# ------------------------------------------------------------------------------------ hostile-input limits
+# Every limit the decoder enforces on what a peer sent (msgpack's ``Unpacker(max_*=, strict_map_key=)``),
+# in one place. Beyond them a frame is a CodecError, raised before the work or the allocation it would
+# cause. The encoder refuses (UnsupportedTypeError) values beyond the nesting, dimension, digit and pixel
+# limits; it does not count dict-key hash collisions (a dict with 33 colliding keys took its sender
+# quadratic time to build, and is refused only when received).
+#
+# Nesting: values nested deeper than this are refused (the decoder recurses once per level).
 MAX_DEPTH = 100
+# Arrays and tensors: at most this many dimensions.
+_MAX_NDIM = 32
+# Integers beyond int64 travel as decimal text of at most this many digits (Python's default int <-> str
+# limit, sys.get_int_max_str_digits(): int(text) is quadratic in the digits).
+_MAX_BIGINT_DIGITS = 4300
+# PIL images: at most this many pixels (1 GiB of RGBA); larger images are refused on both sides.
+MAX_IMAGE_PIXELS = 1 << 28
+# Rows, items and elements: every count a frame declares is checked against the bytes left before anything
+# is allocated (each item takes at least one byte). Rows that hold no bytes at all -- a frame without
+# columns, an array column of shape (n, 0) -- are the exception: a frame may declare at most this many rows,
+# or one row per byte it holds, whichever is more, and no array dimension may be larger. (A dimension of a
+# zero-size array allocates nothing here, but whoever iterates over the rows does.)
+MAX_UNBACKED_ROWS = 1 << 16
+# Dict keys: str and bytes keys are hashed with a per-process random seed (SipHash), so a peer cannot choose
+# keys that collide. Other keys (int, float, tuple, None, numpy scalars) hash deterministically: 20,000 int
+# keys k * (2**61 - 1) all hash to 0 and make building the dict quadratic (over 15 s). A received map may
+# hold at most this many keys whose hash another of its keys already has (an honest dict almost never
+# holds two: hash(-1) == hash(-2)), which keeps building it linear; a key that *equals* another (a
+# duplicate, which no dict can hold twice) is refused too, never silently overwritten.
+MAX_MAP_HASH_COLLISIONS = 32
+# Records (chat-format) columns: at most this many keys per record, and at least this many bytes per
+# record, else the column is written generically (a dict takes ~200 bytes, so a frame of empty records
+# cannot decode to 100x its size).
+_MAX_RECORD_KEYS = 64
+_RECORD_MIN_BYTES = 16
+# Row lengths of a token-id column take at least 4 bytes (uint32): each row decodes to a new list object
+# (56 bytes), and narrower lengths would let a hostile frame build 64x its size in empty lists. With this,
+# the fast paths decode to at most about 20x their bytes (uint16 ids: 2 bytes -> a 32-byte int + a pointer).
+_ROW_LENGTH_MIN_CODE = 2
+# numpy unicode ('<U', '>U') arrays and scalars hold UCS-4 code points as raw bytes; numpy builds a str
+# from any of them, and one above this (not a code point) makes a broken str that raises SystemError when
+# used. Received ones are checked. (Lone surrogates, U+D800-U+DFFF, are valid in a Python str and travel.)
+_MAX_CODE_POINT = 0x10FFFF
 
 # Column containers: how the column was passed, so it is handed back the same way.
 C_LIST, C_TUPLE, C_NDARRAY, C_TENSOR = 0, 1, 2, 3
@@ -119,14 +161,6 @@ _TAG_INT = struct.Struct("<Bq")
 _TAG_FLOAT = struct.Struct("<Bd")
 _TAG_LEN = struct.Struct("<BQ")
 
-# Row lengths of a token-id column take at least 4 bytes (uint32): each row decodes to a new list object
-# (56 bytes), and narrower lengths would let a hostile frame build 64x its size in empty lists. With this,
-# the fast paths decode to at most about 20x their bytes (uint16 ids: 2 bytes -> a 32-byte int + a pointer).
-_ROW_LENGTH_MIN_CODE = 2
-# A records (chat-format) column holds at least this many bytes per record (dict), else it is written
-# generically: a dict takes ~200 bytes, so a frame of empty records cannot decode to 100x its size.
-_RECORD_MIN_BYTES = 16
-_MAX_RECORD_KEYS = 64
 # Integer dtypes of the narrow integer encodings, by code. Codes 0-3 are unsigned (the only ones allowed
 # for lengths).
 _INT_DTYPES = tuple(np.dtype(d) for d in ("|u1", "<u2", "<u4", "<u8", "|i1", "<i2", "<i4", "<i8"))
@@ -151,8 +185,6 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
     )
 }
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
-_MAX_NDIM = 32
-_MAX_BIGINT_DIGITS = 4300  # Python's default int <-> str limit (sys.get_int_max_str_digits())
 
 # PIL image modes that travel as raw pixels, with their bits per pixel (mode "1" rows are padded to bytes).
 # "I" and "F" are native-endian 32-bit in PIL: they travel between little-endian hosts only.
@@ -179,7 +211,6 @@ _IMAGE_MODES = {
 }
 _NATIVE_IMAGE_MODES = frozenset({"I", "F"})
 _PALETTE_MODES = {"RGB": 3, "RGBA": 4}
-MAX_IMAGE_PIXELS = 1 << 28  # 268M pixels (1 GiB of RGBA): larger images are refused on both sides
 
 
 def _image_module() -> Any:
@@ -355,6 +386,8 @@ def _narrow(a: np.ndarray) -> tuple[int, np.ndarray]:
 def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
     """Raw bytes of a tensor as a uint8 numpy array (copied to the CPU if needed)."""
     t = t.detach()
+    if t.is_conj() or t.is_neg():  # a lazy view (x.conj(), its .imag, torch._neg_view): its values, materialised
+        t = t.resolve_conj().resolve_neg()
     if t.numel() == 0:  # an empty view may keep any stride (zeros(0, 5)[:, 1]), which view(uint8) refuses
         return np.empty(0, dtype=np.uint8)
     if t.device.type != "cpu":
@@ -896,7 +929,14 @@ class _Reader:
         ndim = self.u8()
         if ndim > _MAX_NDIM:
             raise CodecError(f"corrupt payload: {ndim} dimensions")
-        return tuple(self.u64() for _ in range(ndim))
+        shape = tuple(self.u64() for _ in range(ndim))
+        size = 1
+        for s in shape:  # the elements, or the rows of a zero-size array (what tolist() would build)
+            if s:
+                size *= s
+        if size > MAX_UNBACKED_ROWS and size > self.end - self.pos:
+            raise CodecError(f"corrupt payload: an array of shape {shape} declared in {self.end - self.pos} bytes")
+        return shape
 
     def array_header(self, torch_dtype: bool) -> tuple[Any, tuple[int, ...], int]:
         dname = bytes(self.take(self.u8())).decode("ascii", "replace")
@@ -930,9 +970,17 @@ class _Reader:
         return np.frombuffer(self.take(n * dtype.itemsize), dtype=dtype)
 
 
+def _check_code_points(raw: memoryview, dtype: np.dtype[Any]) -> None:
+    """Refuse the raw UCS-4 data of a numpy unicode array or scalar if it holds a value that is no code point."""
+    if len(raw) and int(np.frombuffer(raw, dtype=dtype.byteorder + "u4").max()) > _MAX_CODE_POINT:
+        raise CodecError(f"corrupt payload: a numpy {dtype.str} value holds a character beyond U+10FFFF")
+
+
 def _decode_ndarray(r: _Reader) -> np.ndarray:
     dtype, shape, nbytes = r.array_header(torch_dtype=False)
     raw = r.take(nbytes)
+    if dtype.kind == "U":
+        _check_code_points(raw, dtype)
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()  # type: ignore[no-any-return]
 
 
@@ -1038,13 +1086,29 @@ def _decode(r: _Reader, depth: int) -> Any:
             if 2 * n > end - pos:
                 raise CodecError(f"corrupt payload: {n} items declared but only {end - pos} bytes left")
             d: dict[Any, Any] = {}
+            # The hashes of the keys that Python does not hash with a random seed (all but str and bytes):
+            # ints that hash to themselves, so this set costs one probe per key whatever the keys are.
+            hashes: set[int] | None = None
+            collisions = 0
             for _ in range(n):
                 k = _decode(r, depth + 1)
-                v = _decode(r, depth + 1)
-                try:
-                    d[k] = v
-                except TypeError:
-                    raise CodecError("corrupt payload: unhashable dict key") from None
+                if type(k) is not str and type(k) is not bytes:
+                    try:
+                        h = hash(k)
+                    except TypeError:
+                        raise CodecError("corrupt payload: unhashable dict key") from None
+                    if hashes is None:
+                        hashes = {h}
+                    elif h not in hashes:
+                        hashes.add(h)
+                    elif (collisions := collisions + 1) > MAX_MAP_HASH_COLLISIONS:
+                        raise CodecError(
+                            f"corrupt or hostile payload: a dict with more than {MAX_MAP_HASH_COLLISIONS} keys "
+                            "whose hashes collide (building it would take time quadratic in its size)"
+                        )
+                d[k] = _decode(r, depth + 1)
+            if len(d) != n:
+                raise CodecError("corrupt payload: duplicate dict key")
             return d
         if tag in (T_LIST, T_TUPLE):
             if n > end - pos:
@@ -1081,7 +1145,10 @@ def _decode(r: _Reader, depth: int) -> Any:
         dt = _np_dtype(dname)
         if dt.itemsize == 0:  # an empty numpy str or bytes scalar, np.str_("") ("<U0")
             return dt.type()
-        return np.frombuffer(r.take(dt.itemsize), dtype=dt)[0]
+        raw = r.take(dt.itemsize)
+        if dt.kind == "U":
+            _check_code_points(raw, dt)
+        return np.frombuffer(raw, dtype=dt)[0]
     if tag == T_TENSOR:
         return _decode_tensor(r)
     if tag == T_IMAGE:
@@ -1223,6 +1290,8 @@ def decode_frame(
             raise CodecError("not a syncreward frame (bad magic); ranks may run different syncreward versions")
         ncols = r.count(r.u32(), 16)
         nrows = r.u64()
+        if nrows > MAX_UNBACKED_ROWS and nrows > r.end:
+            raise CodecError(f"corrupt payload: a frame of {r.end} bytes declares {nrows} rows")
         cols: list[Column] = []
         for _ in range(ncols):
             try:

@@ -41,6 +41,18 @@ def assign_by_size(total: int, group_size: int, world_size: int) -> list[int]:
     return [(i // group_size) * world_size // max(groups, 1) for i in range(total)]
 
 
+def size_bounds(total: int, group_size: int, world_size: int) -> list[int]:
+    """Where each rank's block of :func:`assign_by_size` starts in the global batch (``world_size + 1`` bounds).
+
+    Rank ``r`` scores the groups ``j`` with ``j * world_size // groups == r``, i.e. from group
+    ``ceil(r * groups / world_size)`` on: O(world_size) work, whatever the announced sample counts are.
+    """
+    if total % group_size:
+        assign_by_size(total, group_size, world_size)  # raises its InputError, before building anything
+    groups = max(total // group_size, 1)
+    return [min(total, -(-r * groups // world_size) * group_size) for r in range(world_size + 1)]
+
+
 def assign_by_key(keys: Sequence[Any], world_size: int, column: str) -> list[int]:
     """The scoring rank of every global sample when a group is the samples sharing a key."""
     first: dict[Any, int] = {}
@@ -65,14 +77,28 @@ def assign_by_key(keys: Sequence[Any], world_size: int, column: str) -> list[int
 class _Shard:
     """One call's routing: which rank scores each sample, what goes where."""
 
-    def __init__(self, dest: list[int], counts: list[int], offsets: list[int], rank: int, world_size: int) -> None:
-        self.dest = dest
-        local = dest[offsets[rank] : offsets[rank + 1]]
+    def __init__(self, local: list[int], share: dict[int, int], world_size: int) -> None:
         self.sent = [[i for i, d in enumerate(local) if d == dst] for dst in range(world_size)]  # my rows, per scorer
         # the rows this rank scores, as (source rank, count) in rank order
-        self.share = {s: dest[offsets[s] : offsets[s + 1]].count(rank) for s in range(world_size)}
-        self.share = {s: n for s, n in self.share.items() if n}
+        self.share = {s: n for s, n in share.items() if n}
         self.key_frame: bytes | bytearray = b""
+
+    @classmethod
+    def of_dest(cls, dest: list[int], offsets: list[int], rank: int, world_size: int) -> _Shard:
+        """The plan from the scoring rank of every global sample."""
+        share = {s: dest[offsets[s] : offsets[s + 1]].count(rank) for s in range(world_size)}
+        return cls(dest[offsets[rank] : offsets[rank + 1]], share, world_size)
+
+    @classmethod
+    def of_size(cls, group_size: int, offsets: list[int], rank: int, world_size: int) -> _Shard:
+        """The plan of :func:`assign_by_size`, from block bounds: work in this rank's samples, not the batch's."""
+        total = offsets[-1]
+        bounds = size_bounds(total, group_size, world_size)
+        groups = max(total // group_size, 1)
+        local = [i // group_size * world_size // groups for i in range(offsets[rank], offsets[rank + 1])]
+        lo, hi = bounds[rank], bounds[rank + 1]
+        share = {s: max(0, min(offsets[s + 1], hi) - max(offsets[s], lo)) for s in range(world_size)}
+        return cls(local, share, world_size)
 
 
 class ShardMode(Mode):
@@ -104,10 +130,12 @@ class ShardMode(Mode):
         frames = [b""] * w
         try:
             if call.spec.group_size is not None:
-                dest = assign_by_size(got.total, call.spec.group_size, w)
+                if call.bound is not None and got.counts[me] != call.bound.n:  # (group_by: the key frames check)
+                    raise CodecError(f"this rank's header announced {got.counts[me]} samples for its {call.bound.n}")
+                plan = _Shard.of_size(call.spec.group_size, got.offsets, me, w)
             else:
                 dest = self._assign_by_key(call, key_frame, got.headers.aux, got.counts)
-            plan = _Shard(dest, got.counts, got.offsets, me, w)
+                plan = _Shard.of_dest(dest, got.offsets, me, w)
             frames = self._frames(call, plan)
         except Exception as e:
             error = e
