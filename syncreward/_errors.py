@@ -126,6 +126,30 @@ class SyncTimeoutError(CommunicationError, TimeoutError):
         return (type(self), (*self.args[:1], self.missing_ranks), self.__dict__)
 
 
+def timeout_message(missing: Sequence[int], timeout: float) -> str:
+    """What a timeout says, in every backend's words alike (the session adds which call, on which rank)."""
+    if missing:
+        what = (
+            f"rank(s) {list(missing)} did not arrive within timeout={timeout:g}s (hung, still busy, dead, or they made "
+            "fewer synced calls than this rank)"
+        )
+    else:
+        what = f"every rank arrived, but the data did not get through within timeout={timeout:g}s"
+    return (
+        f"{what}. HINT: raise timeout= if the scoring rank legitimately takes longer; make every rank make the same "
+        "synced calls. The group is now unusable."
+    )
+
+
+def late_message(record: str, timeout: float) -> str:
+    """What a rank says that arrives after the others gave up on it (``record``: who waited how long for whom)."""
+    return (
+        f"the other ranks had given up waiting for this rank before it arrived ({record}). HINT: this rank was busy "
+        f"for longer than timeout={timeout:g}s (a slow reward, long work between synced calls, or a synced call the "
+        "others did not make); raise timeout=. The group is now unusable."
+    )
+
+
 def _rebuild_remote_error(
     origin_rank: int, exc_type: str, exc_message: str, remote_traceback: str, function: str
 ) -> RemoteError:

@@ -26,9 +26,8 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
-from ._errors import SyncTimeoutError
 from ._modes._base import Call, Scoring, Spec
-from ._session import Raise, session_for
+from ._session import Raise, call_words, reason_of, session_for, stuck_error
 from ._wire import error_blob
 from .backends import Backend
 
@@ -54,7 +53,7 @@ def _scoring() -> Iterator[None]:
 def _open(
     spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str, is_async: bool
 ) -> Call:
-    session = session_for(backend)
+    session = session_for(backend, spec.name)
     seq, problem = session.open(is_async)
     call = Call(spec, session, seq, site)
     try:
@@ -68,10 +67,10 @@ def _open(
 def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
     """Make one synced call of a plain function (called from ``site``) and return this rank's results."""
     call = _open(spec, backend, args, kwargs, site, is_async=False)
-    session, mode, seq = call.session, spec.impl, call.seq
+    session, mode, seq, name = call.session, spec.impl, call.seq, spec.name
     try:
         try:
-            scoring: Scoring = session.step(0, seq, lambda: mode.inbound(call), call.timeout)
+            scoring: Scoring = session.step(0, seq, lambda: mode.inbound(call), call.timeout, name)
         except BaseException:
             session.skip(1, seq)
             raise
@@ -82,7 +81,7 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
                     result = spec.fn(*scoring.args, **scoring.kwargs)
             except BaseException as e:  # travels to the other ranks, then re-raised here by outbound
                 error = e
-        return session.step(1, seq, lambda: mode.outbound(call, scoring, result, error), call.timeout)
+        return session.step(1, seq, lambda: mode.outbound(call, scoring, result, error), call.timeout, name)
     finally:
         session.close(seq)
 
@@ -92,9 +91,9 @@ async def call_async(
 ) -> Any:
     """Make one synced call of an ``async`` function (from ``site``); its exchanges never block the event loop."""
     call = _open(spec, backend, args, kwargs, site, is_async=True)
-    session, mode, seq = call.session, spec.impl, call.seq
+    session, mode, seq, name = call.session, spec.impl, call.seq, spec.name
     fn: Callable[..., Awaitable[Any]] = spec.fn
-    inbound = session.submit(0, seq, lambda: mode.inbound(call))
+    inbound = session.submit(0, seq, lambda: mode.inbound(call), name)
     try:
         scoring: Scoring = _unwrap(await _wait(inbound, call, 0))
     except asyncio.CancelledError as e:
@@ -114,7 +113,7 @@ async def call_async(
             raise
         except BaseException as e:  # travels to the other ranks, then re-raised here by outbound
             error = e
-    outbound = session.submit(1, seq, lambda: mode.outbound(call, scoring, result, error))
+    outbound = session.submit(1, seq, lambda: mode.outbound(call, scoring, result, error), name)
     session.close(seq)
     return _unwrap(await _wait(outbound, call, 1))
 
@@ -127,12 +126,9 @@ async def _wait(fut: Future[Any], call: Call, channel: int) -> Any:
     except asyncio.TimeoutError:
         if not call.session.turns[channel].withdraw(call.seq):
             return await wrapped  # it is exchanging: the backend bounds that by the timeout
-    reason = f"synced call #{call.seq} waited {call.timeout:.0f}s for earlier synced calls on this rank"
-    call.session.break_(reason)
-    raise SyncTimeoutError(
-        f"{reason} to finish their exchange. HINT: an earlier synced call is stuck (a hung reward, or a call the "
-        "other ranks never made); the group is now unusable."
-    )
+    error = stuck_error(call_words(call.seq, call.spec.name), call.timeout)
+    call.session.break_(reason_of(error))
+    raise error
 
 
 def _unwrap(out: Any) -> Any:
@@ -147,16 +143,16 @@ def _abandon(call: Call, inbound: Future[Any] | None, error: BaseException) -> N
     The other ranks then raise (a ``RemoteError`` naming the cancellation) instead of waiting for this
     rank. Nothing here blocks: each remaining step runs when its turn comes.
     """
-    session, mode, seq = call.session, call.spec.impl, call.seq
+    session, mode, seq, name = call.session, call.spec.impl, call.seq, call.spec.name
     session.close(seq)
     if inbound is None:
         call.error, call.blob = error, error_blob(error)
-        inbound = session.submit(0, seq, lambda: mode.inbound(call))
+        inbound = session.submit(0, seq, lambda: mode.inbound(call), name)
 
     def after_inbound(f: Future[Any]) -> None:
         out = None if f.cancelled() or f.exception() is not None else f.result()
         if isinstance(out, Scoring):
-            session.submit(1, seq, lambda: mode.outbound(call, out, None, error))
+            session.submit(1, seq, lambda: mode.outbound(call, out, None, error), name)
         else:
             session.skip(1, seq)
 

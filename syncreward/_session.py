@@ -27,6 +27,7 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import os
 import queue
@@ -41,7 +42,7 @@ from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTim
 from ._wire import BASE_CAPACITY, Predictor, ResultPredictor
 from .backends import Backend
 
-__all__ = ["Raise", "Session", "session_for"]
+__all__ = ["Raise", "Session", "call_words", "reason_of", "session_for", "stuck_error"]
 
 T = TypeVar("T")
 
@@ -132,12 +133,21 @@ class _Latch:
     def __init__(self) -> None:
         self.reason: str | None = None
 
-    def error(self) -> GroupBrokenError:
+    def error(self, call: str) -> GroupBrokenError:
+        """The error of ``call`` (``synced call #3 of 'my_reward'``), which cannot run once the latch broke."""
         return GroupBrokenError(
-            f"syncreward's group is unusable after an earlier failure ({self.reason}), so this synced call cannot "
-            "be paired with the other ranks. HINT: the ranks are no longer in step; restart the job "
-            "(torchrun --max-restarts can do it)."
+            f"{call} cannot be paired with the other ranks: syncreward's group is unusable since an earlier failure "
+            f"({self.reason}). HINT: the ranks are no longer in step; restart the job (torchrun --max-restarts can "
+            "do it)."
         )
+
+
+def call_words(seq: int, function: str) -> str:
+    """How every message names one call: ``synced call #3 of 'my_reward'``."""
+    return f"synced call #{seq} of {function!r}"
+
+
+_PHASES = ("sending its inputs", "waiting for its results")  # what a call does in its channel-0 / -1 step
 
 
 class Turnstile:
@@ -151,8 +161,11 @@ class Turnstile:
         self._latch = latch
         self._on_break = on_break
 
-    def run(self, seq: int, step: Callable[[], T], timeout: float) -> T:
-        """Wait (in this thread) for ``seq``'s turn, run ``step`` here, release the turn."""
+    def run(self, seq: int, step: Callable[[], T], timeout: float, call: str) -> T:
+        """Wait (in this thread) for ``seq``'s turn, run ``step`` here, release the turn.
+
+        ``call`` names the call in errors (:func:`call_words`).
+        """
         deadline = time.monotonic() + timeout
         with self._cv:
             while not (self._next == seq and not self._busy) and self._latch.reason is None:
@@ -165,20 +178,17 @@ class Turnstile:
                 self._busy = True
             broken = self._latch.reason is not None
         if broken:
-            raise self._latch.error()
+            raise self._latch.error(call)
         if not ready:
-            self._on_break(f"synced call #{seq} waited {timeout:.0f}s for earlier synced calls on this rank")
-            raise SyncTimeoutError(
-                f"synced call #{seq} waited {timeout:.0f}s for earlier synced calls on this rank to finish their "
-                "exchange. HINT: an earlier synced call is stuck (a hung reward, or a call the other ranks never "
-                "made); the group is now unusable."
-            )
+            error = stuck_error(call, timeout)
+            self._on_break(reason_of(error))
+            raise error
         try:
             return step()
         finally:
             self._release(seq)
 
-    def submit(self, seq: int, step: Callable[[], T]) -> Future[T]:
+    def submit(self, seq: int, step: Callable[[], T], call: str) -> Future[T]:
         """Run ``step`` on a worker thread when ``seq``'s turn comes; never blocks the caller."""
         fut: Future[T] = Future()
 
@@ -188,7 +198,7 @@ class Turnstile:
                     return
                 try:
                     if self._latch.reason is not None:
-                        raise self._latch.error()
+                        raise self._latch.error(call)
                     fut.set_result(step())
                 except BaseException as e:
                     fut.set_exception(e)
@@ -256,16 +266,17 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
-    def check_usable(self) -> None:
+    def check_usable(self, function: str) -> None:
+        """Raise if a call of ``function`` cannot be made here (a forked child; a broken latch)."""
         if os.getpid() != self.pid:
             raise BackendError(
-                f"a synced call was made in a forked child process (pid {os.getpid()}) of the rank that owns "
-                f"syncreward's group (pid {self.pid}); the child cannot take part in the parent's exchanges. "
+                f"a synced call of {function!r} was made in a forked child process (pid {os.getpid()}) of the rank "
+                f"that owns syncreward's group (pid {self.pid}); the child cannot take part in the parent's exchanges. "
                 "HINT: make synced calls in the training process itself, not in fork-started workers (a "
                 "DataLoader's workers, multiprocessing with the fork start method)."
             )
         if self.latch.reason is not None:
-            raise self.latch.error()
+            raise self.latch.error(f"a synced call of {function!r}")
 
     def open(self, is_async: bool) -> tuple[int, str | None]:
         """Take the next sequence number; say why this call cannot be ordered safely, if it cannot."""
@@ -305,33 +316,83 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ steps
 
-    def _guarded(self, seq: int, step: Callable[[], T | Raise]) -> Callable[[], T | Raise]:
+    def _guarded(self, seq: int, step: Callable[[], T | Raise], function: str, channel: int) -> Callable[[], T | Raise]:
+        """``step`` as run in its turn: the one place a backend's failure becomes an error of the call.
+
+        A backend says what went wrong with the ranks (``rank(s) [1] did not arrive within timeout=2s``)
+        but knows neither the function nor the call; here its error is raised again, of the same type and
+        with the same attributes (``missing_ranks``), as ``synced call #3 of 'my_reward' timed out on rank 0
+        while sending its inputs: ...``. The session breaks (the first failure's words are the reason every
+        later call gives).
+        """
+        call = call_words(seq, function)
+
         def run() -> T | Raise:
             try:
                 return step()
             except CommunicationError as e:
-                self.break_(f"{type(e).__name__} in synced call #{seq}: {_first_line(e)}")
-                raise
+                verb = "timed out" if isinstance(e, SyncTimeoutError) else "failed"
+                error = _reworded(e, f"{call} {verb} on rank {self.rank} while {_PHASES[channel]}: {_text(e)}")
+                self.break_(reason_of(error))
+                if error is e:
+                    raise
+                raise error.with_traceback(e.__traceback__) from e.__cause__
             except BaseException as e:  # not collective: the ranks may now disagree about the sequence
-                self.break_(f"{type(e).__name__} during the exchange of synced call #{seq}: {_first_line(e)}")
+                where = f"on rank {self.rank} while {_PHASES[channel]}"
+                self.break_(f"{call} raised {type(e).__name__} {where}: {reason_of(e)}")
                 raise
 
         return run
 
-    def step(self, channel: int, seq: int, step: Callable[[], Any], timeout: float) -> Any:
-        """Run one collective step of call ``seq`` in its turn, in this thread; raise its collective failure."""
-        out = self.turns[channel].run(seq, self._guarded(seq, step), timeout)
+    def step(self, channel: int, seq: int, step: Callable[[], Any], timeout: float, function: str) -> Any:
+        """Run one collective step of call ``seq`` (of ``function``) in its turn, in this thread.
+
+        Raises the step's collective failure, or its transport failure in the call's words.
+        """
+        guarded = self._guarded(seq, step, function, channel)
+        out = self.turns[channel].run(seq, guarded, timeout, call_words(seq, function))
         if isinstance(out, Raise):
             raise out.error
         return out
 
-    def submit(self, channel: int, seq: int, step: Callable[[], T | Raise]) -> Future[T | Raise]:
+    def submit(self, channel: int, seq: int, step: Callable[[], T | Raise], function: str) -> Future[T | Raise]:
         """Run one step in its turn on a worker thread (async calls, and steps finished in the background)."""
-        return self.turns[channel].submit(seq, self._guarded(seq, step))
+        return self.turns[channel].submit(seq, self._guarded(seq, step, function, channel), call_words(seq, function))
 
     def skip(self, channel: int, seq: int) -> None:
         """Give up ``seq``'s turn on ``channel`` without exchanging (every rank skips the same turns)."""
-        self.turns[channel].submit(seq, lambda: None)
+        self.turns[channel].submit(seq, lambda: None, "")
+
+
+def stuck_error(call: str, timeout: float) -> SyncTimeoutError:
+    """``call`` waited ``timeout`` for earlier calls of this rank, which never finished."""
+    return SyncTimeoutError(
+        f"{call} waited {timeout:g}s for earlier synced calls on this rank to finish. HINT: an earlier synced call is "
+        "stuck (a hung reward, or a call the other ranks never made); the group is now unusable."
+    )
+
+
+def _reworded(e: CommunicationError, message: str) -> CommunicationError:
+    """``e`` with ``message``: the same type, the same attributes (it is rebuilt as pickling rebuilds it)."""
+    try:
+        clone = copy.copy(e)
+        clone.args = (message, *e.args[1:])
+    except Exception:  # a third-party subclass that cannot be rebuilt: its own words, then
+        return e
+    return clone
+
+
+def _text(e: BaseException) -> str:
+    try:
+        text = str(e).strip()
+    except BaseException:
+        text = ""
+    return text or type(e).__name__
+
+
+def reason_of(e: BaseException) -> str:
+    """What a later call says broke the group: the failure's message, without its hint."""
+    return _first_line(e).split(" HINT:")[0].rstrip(". ")
 
 
 def _first_line(e: BaseException) -> str:
@@ -349,8 +410,8 @@ _strong: dict[int, tuple[Any, Session]] = {}  # backends that cannot be weakly r
 _registry_lock = threading.Lock()
 
 
-def session_for(backend: Backend) -> Session:
-    """The process-wide session of a backend, created on its first call.
+def session_for(backend: Backend, function: str) -> Session:
+    """The process-wide session of a backend, created on its first call (by a call of ``function``).
 
     Raises:
         BackendError: this is a forked child of the process that created the session.
@@ -372,5 +433,5 @@ def session_for(backend: Backend) -> Session:
                 if entry is None or entry[0] is not backend:
                     entry = _strong[id(backend)] = (backend, Session(backend))
                 session = entry[1]
-    session.check_usable()
+    session.check_usable(function)
     return session

@@ -87,7 +87,7 @@ from typing import Any
 import numpy as np
 
 from . import backends as _backends
-from ._errors import CommunicationError, GroupBrokenError, SyncTimeoutError
+from ._errors import CommunicationError, SyncTimeoutError, late_message, timeout_message
 from .backends import _context_backend
 
 __all__ = ["RanksFailed", "ThreadBackend", "ThreadGroup", "free_port", "run_ranks", "run_threads"]
@@ -273,7 +273,7 @@ class _Channel:
         self.barrier = threading.Barrier(world_size)
         self.slots: list[Any] = [None] * world_size
         self.ops = [0] * world_size  # exchanges entered, per rank: who is missing at a timeout
-        self.broken: str | None = None
+        self.broken: tuple[str, str] | None = None  # ("T", who waited for whom) or ("F", why it was aborted)
 
 
 class ThreadGroup:
@@ -300,10 +300,18 @@ class ThreadGroup:
             ch.barrier.abort()
 
     def exchange(self, channel: int, rank: int, item: Any, timeout: float) -> list[Any]:
-        """Post ``item`` and return every rank's item, in rank order (all ranks must call it)."""
+        """Post ``item`` and return every rank's item, in rank order (all ranks must call it).
+
+        Failures read as the torch backend's do (:func:`~syncreward._errors.timeout_message`, ``late_message``):
+        a timeout names the ranks that did not arrive, and a rank arriving after the others gave up on it
+        says so, with the same hint.
+        """
         ch = self._channels[channel]
         if ch.broken is not None:
-            raise GroupBrokenError(f"thread-rank group is unusable after an earlier failure ({ch.broken})")
+            kind, what = ch.broken
+            if kind == "T":
+                raise CommunicationError(late_message(what, timeout))
+            raise CommunicationError(f"{what}. HINT: see that rank's traceback; the group is now unusable.")
         ch.slots[rank] = item
         ch.ops[rank] += 1
         op = ch.ops[rank]
@@ -313,15 +321,14 @@ class ThreadGroup:
             ch.barrier.wait(timeout)  # nobody overwrites a slot before everyone has read it
         except threading.BrokenBarrierError:
             if self._aborted is not None:
-                ch.broken = self._aborted
-                raise CommunicationError(f"thread-rank group aborted on rank {rank}: {self._aborted}") from None
+                ch.broken = ch.broken or ("F", f"the group was aborted: {self._aborted}")
+                raise CommunicationError(
+                    f"the group was aborted: {self._aborted}. HINT: see that rank's traceback; the group is now "
+                    "unusable."
+                ) from None
             missing = [r for r in range(self.world_size) if ch.ops[r] < op]
-            ch.broken = f"an exchange timed out on rank {rank}"
-            raise SyncTimeoutError(
-                f"exchange on channel {channel} timed out after {timeout}s on rank {rank}: rank(s) {missing} "
-                "did not reach it",
-                missing,
-            ) from None
+            ch.broken = ch.broken or ("T", f"rank {rank} waited {timeout:g}s for rank(s) {missing}")
+            raise SyncTimeoutError(timeout_message(missing, timeout), missing) from None
         return got
 
     def violation(self, rank: int, message: str) -> CommunicationError:

@@ -380,7 +380,7 @@ def counting_body(rank: int, world_size: int) -> dict[str, Any]:
             counts["n"] = 0
             f(**b)
             out[name].append(counts["n"])
-        out[name + "_eager"] = session_for(backend).predictor.predict().tolist()
+        out[name + "_eager"] = session_for(backend, "f").predictor.predict().tolist()
     return out
 
 

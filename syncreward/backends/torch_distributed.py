@@ -11,13 +11,16 @@ channel), so
 Waiting is done in short slices. Between slices the backend checks an *abort* key in the job's
 rendezvous store, which a rank sets as soon as its transport fails (a peer died) or it gives up
 waiting, so every rank raises within a fraction of a second instead of waiting for the process-group
-timeout. When ``timeout`` expires, the ranks that did arrive record so in the store, and the error
-names the ones that did not. A rank that starts an exchange after a long pause (longer than half the
-timeout) first looks at the abort key too: the others may have given up on it while it was away, and
-it must raise with them rather than complete a half-abandoned exchange.
+timeout. A rank still waiting after the first slice records in the store that it arrived; when
+``timeout`` expires, the error names the ranks without such a record (after a short grace, ``_GRACE_S``,
+for ranks that arrived a moment ago), so it comes at ``timeout``, not a naming period later. A rank
+that starts an exchange after a long pause (longer than half the timeout) first looks at the abort key
+too: the others may have given up on it while it was away, and it must raise with them rather than
+complete a half-abandoned exchange.
 
-Every failure of the lower layer is translated in one place, :func:`_translate`; the session above
-(not this backend) remembers that the group broke.
+Every failure of the lower layer is translated in one place, :func:`_translate`, into words about the
+ranks; the session above (not this backend) adds which call of which function it was, and remembers
+that the group broke.
 
 Names every member agrees on
 ----------------------------
@@ -61,14 +64,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .._errors import BackendError, CommunicationError, SyncTimeoutError
+from .._errors import BackendError, CommunicationError, SyncTimeoutError, late_message, timeout_message
 
 __all__ = ["TorchDistributedBackend"]
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.2  # how often a waiting rank looks for an abort from a peer
-_GRACE_S = 2.0  # how long a timed-out rank waits for the others to report in, to name the missing ones
+_GRACE_S = 0.25  # after timeout=: how long a rank that gives up waits for ranks that arrived just now to report
 _GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
 _WORK_TIMEOUT_MESSAGE = "Operation timed out!"  # c10d::Work::wait(timeout) when the slice expires
 
@@ -110,23 +113,33 @@ def _is_timeout(e: BaseException) -> bool:
     return isinstance(e, TimeoutError) or "timed out" in text or "timeout" in text
 
 
-def _translate(e: BaseException, what: str, rank: int) -> CommunicationError:
-    """The one mapping from torch.distributed / gloo failures to syncreward's errors."""
+def _translate(e: BaseException) -> CommunicationError:
+    """The one mapping from torch.distributed / gloo failures to syncreward's errors.
+
+    The words say what happened between the ranks; the session adds which call it was and on which rank.
+    """
     message = _first_line(e)
-    if "too many open files" in str(e).lower():
+    lowered = str(e).lower()
+    if "too many open files" in lowered:
         return CommunicationError(
-            f"syncreward {what} failed on rank {rank}: {message}. HINT: the process ran out of file descriptors; "
-            "syncreward's two gloo groups hold about 2 x world_size sockets per rank (docs/scale.md): raise "
-            "`ulimit -n`. The group is now unusable."
+            f"the process ran out of file descriptors ({message}). HINT: syncreward's two gloo groups hold about "
+            "2 x world_size sockets per rank (docs/scale.md): raise `ulimit -n`. The group is now unusable."
+        )
+    if "connection closed by peer" in lowered or "connection reset by peer" in lowered:
+        return CommunicationError(
+            "another rank closed its connection to this one: it exited, crashed or was killed. HINT: a rank that "
+            "made fewer synced calls than the others and then finished is one cause (every rank must make the same "
+            "synced calls); otherwise look for a traceback or an OOM kill in the other ranks' logs. The group is now "
+            "unusable."
         )
     if _is_timeout(e):
         return SyncTimeoutError(
-            f"syncreward {what} timed out on rank {rank}: {message}. HINT: a rank did not arrive in time (hung, "
-            "still busy, dead, or it skipped this synced call); raise timeout= if the scoring rank legitimately "
-            "takes longer. The group is now unusable."
+            f"the ranks did not finish within timeout= ({message}). HINT: a rank did not arrive in time (hung, still "
+            "busy, dead, or it made fewer synced calls); raise timeout= if the scoring rank legitimately takes "
+            "longer. The group is now unusable."
         )
     return CommunicationError(
-        f"syncreward {what} failed on rank {rank}: {message}. HINT: a peer process probably died or was killed "
+        f"the connection to the other ranks failed ({message}). HINT: a peer process probably died or was killed "
         "(look for its traceback or an OOM kill); the group is now unusable."
     )
 
@@ -231,13 +244,13 @@ class TorchDistributedBackend:
             ]
         except Exception as e:
             if not _is_timeout(e):
-                raise _translate(e, "setting up its gloo group", self._rank) from e
+                raise _translate(e) from e
             missing = self._missing_at_setup(store)
-            who = f"rank(s) {missing} never made a synced call" if missing else "the other ranks did not arrive"
+            who = f"rank(s) {missing} did not make their first synced call" if missing else "the others did not arrive"
             raise SyncTimeoutError(
-                f"syncreward could not set up its gloo group over ranks {self._ranks} within {timeout:.0f}s on rank "
-                f"{self._rank}: {who}. HINT: every rank of the group must make the same synced calls; raise "
-                "timeout= if some ranks legitimately start much later.",
+                f"{who} within timeout={timeout:g}s, so syncreward could not connect ranks {self._ranks}. HINT: every "
+                "rank of the group must make the same synced calls; raise timeout= if some ranks legitimately start "
+                "much later.",
                 missing,
             ) from e
         self._store = dist.PrefixStore(f"{name}/", store)  # type: ignore[attr-defined]
@@ -270,24 +283,18 @@ class TorchDistributedBackend:
         # steps, the pairwise exchange is faster for these small rows (2.2 vs 3.3 ms at W=4 on 2 cores).
         raw = np.ascontiguousarray(row, dtype=np.int64).view(np.uint8)
         n, w = raw.size, self._world_size
-        out = self._all_to_all(np.tile(raw, w), [n] * w, [n] * w, channel, timeout, "all_gather")
+        out = self._all_to_all(np.tile(raw, w), [n] * w, [n] * w, channel, timeout)
         return out.view(np.int64).reshape(w, -1)
 
     def all_to_all(
         self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], *, channel: int, timeout: float
     ) -> np.ndarray:
-        return self._all_to_all(send, send_counts, recv_counts, channel, timeout, "all_to_all")
+        return self._all_to_all(send, send_counts, recv_counts, channel, timeout)
 
     def _all_to_all(
-        self,
-        send: np.ndarray,
-        send_counts: Sequence[int],
-        recv_counts: Sequence[int],
-        channel: int,
-        timeout: float,
-        what: str,
+        self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], channel: int, timeout: float
     ) -> np.ndarray:
-        group = self._begin(channel, timeout, what)
+        group = self._begin(channel, timeout)
         out = torch.empty(int(sum(recv_counts)), dtype=torch.uint8)
         opts = dist.AllToAllOptions()
         opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
@@ -298,8 +305,8 @@ class TorchDistributedBackend:
                 out, torch.from_numpy(send), [int(c) for c in recv_counts], [int(c) for c in send_counts], opts
             )
         except RuntimeError as e:
-            self._fail(what, e)
-        self._wait(work, channel, timeout, what)
+            self._fail(e)
+        self._wait(work, channel, timeout)
         self._last_done = time.monotonic()
         return out.numpy()
 
@@ -309,8 +316,7 @@ class TorchDistributedBackend:
         gloo's scatter sends W - 1 messages; an ``alltoallv`` with the same bytes sends W(W - 1), empty ones
         included (1.3-2.7x slower at W = 4..16 on the benchmark machine).
         """
-        what = "scatter"
-        group = self._begin(channel, timeout, what)
+        group = self._begin(channel, timeout)
         out = torch.empty(size, dtype=torch.uint8)
         opts = dist.ScatterOptions()
         opts.rootRank = root
@@ -324,30 +330,29 @@ class TorchDistributedBackend:
         try:
             work = group.scatter([out], inputs, opts)
         except RuntimeError as e:
-            self._fail(what, e)
-        self._wait(work, channel, timeout, what)
+            self._fail(e)
+        self._wait(work, channel, timeout)
         self._last_done = time.monotonic()
         return out.numpy()
 
-    def _begin(self, channel: int, timeout: float, what: str) -> Any:
+    def _begin(self, channel: int, timeout: float) -> Any:
         """The channel's gloo group, once this rank has checked that the others did not give up on it."""
         group = self._channel(channel, timeout)
-        if time.monotonic() - self._last_done > timeout / 2 and self._check_peers(what):
+        if time.monotonic() - self._last_done > timeout / 2 and self._check_peers():
             # the others gave up on this rank while it was away: raise with them, never complete the exchange
-            raise CommunicationError(
-                f"syncreward {what} on rank {self._rank}: the other ranks timed out waiting for this rank "
-                f"({self._peer_abort()}) before it arrived. HINT: this rank was busy for longer than timeout= "
-                f"({timeout:.1f}s), e.g. a slow reward or work between synced calls; raise timeout=. The group is now "
-                "unusable."
-            )
+            raise CommunicationError(late_message(self._abort_text(), timeout))
         return group
 
     # ------------------------------------------------------------------------------------------ waiting
 
-    def _wait(self, work: Any, channel: int, timeout: float, what: str) -> None:
-        self._ops[channel] += 1
-        start = time.monotonic()
-        deadline = start + timeout
+    def _wait(self, work: Any, channel: int, timeout: float) -> None:
+        """Wait for ``work`` until ``timeout``, in slices; a rank waiting past the first slice says it arrived.
+
+        The arrival record (one store write per wait that lasts) lets a rank that gives up at ``timeout``
+        name the missing ranks at once, instead of waiting for the ones that did arrive to report.
+        """
+        op = self._ops[channel] = self._ops[channel] + 1
+        deadline = time.monotonic() + timeout
         slice_s = 0.02
         while True:
             try:
@@ -355,19 +360,28 @@ class TorchDistributedBackend:
                 return
             except RuntimeError as e:
                 if _WORK_TIMEOUT_MESSAGE not in str(e):
-                    self._fail(what, e)
-            slice_s = _POLL_S
-            if self._check_peers(what) or time.monotonic() >= deadline:  # a peer gave up: so do we, naming who
-                self._timed_out(channel, timeout, what)
+                    self._fail(e)
+            if slice_s != _POLL_S:
+                slice_s = _POLL_S
+                self._mark_arrived(channel, op)
+            if self._check_peers() or time.monotonic() >= deadline:  # a peer gave up: so do we, naming who
+                self._timed_out(channel, timeout)
 
-    def _fail(self, what: str, e: BaseException) -> NoReturn:
+    def _mark_arrived(self, channel: int, op: int) -> None:
+        if self._store is not None:
+            with contextlib.suppress(Exception):  # best effort: it only helps name the missing ranks
+                self._store.set(f"arrived/{channel}/{self._rank}", str(op))
+
+    def _fail(self, e: BaseException) -> NoReturn:
+        error = _translate(e)
         if self._store is not None:
             # the store lives in rank 0's process; it may be the one that died
             with contextlib.suppress(Exception):
-                self._store.set("abort", f"F{self._rank} ({_first_line(e)})")
-        raise _translate(e, what, self._rank) from e
+                what = _first_line(error).split(" HINT:")[0].rstrip(". ")
+                self._store.set("abort", f"Frank {self._rank} lost its connection to the others ({what})")
+        raise error from e
 
-    def _check_peers(self, what: str) -> bool:
+    def _check_peers(self) -> bool:
         """Raise if a peer's transport failed; return whether a peer gave up waiting (timed out)."""
         reason = self._peer_abort()
         if reason is None:
@@ -375,30 +389,34 @@ class TorchDistributedBackend:
         if reason.startswith("T"):
             return True
         raise CommunicationError(
-            f"syncreward {what} aborted on rank {self._rank}: the transport failed on rank {reason[1:]}. HINT: a peer "
-            "process probably died; see its log. The group is now unusable."
+            f"{reason[1:]}. HINT: a peer process probably exited, crashed or was killed; see its log. The group is "
+            "now unusable."
         )
 
     def _peer_abort(self) -> str | None:
-        """The abort record of the group: ``F<rank> (why)`` (transport failure) or ``T<rank> ...`` (gave up)."""
+        """The abort record of the group: ``F`` (a transport failed) or ``T`` (a rank gave up), then what happened."""
         if self._store is None:
             return None
         try:
             if self._store.check(["abort"]):
                 return bytes(self._store.get("abort")).decode(errors="replace")
         except Exception:  # store unreachable: rank 0 is gone
-            return "F0 (the rendezvous store hosted by rank 0 is unreachable)"
+            return "Fthe rendezvous store hosted by rank 0 is unreachable (rank 0 exited, crashed or was killed)"
         return None
 
-    def _timed_out(self, channel: int, timeout: float, what: str) -> None:
+    def _abort_text(self) -> str:
+        return (self._peer_abort() or "T?")[1:]
+
+    def _timed_out(self, channel: int, timeout: float) -> NoReturn:
         op = self._ops[channel]
         missing: list[int] = []
         if self._store is not None:
             try:
                 # first of all, so that a rank arriving now raises with us instead of completing the exchange
                 if self._peer_abort() is None:
-                    self._store.set("abort", f"T{self._rank} gave up after waiting {timeout:.1f}s")
+                    self._store.set("abort", f"Trank {self._rank} gave up after waiting {timeout:g}s")
                 self._store.set(f"arrived/{channel}/{self._rank}", str(op))
+                # the ranks that waited have said so already; give the ones that arrived just now a moment
                 end = time.monotonic() + _GRACE_S
                 while True:
                     missing = [r for r in range(self._world_size) if not self._arrived(channel, r, op)]
@@ -407,18 +425,10 @@ class TorchDistributedBackend:
                     time.sleep(0.05)
                 # a rank that arrives later must not wait out its own timeout for ranks that gave up
                 if (self._peer_abort() or "T").startswith("T"):
-                    self._store.set(
-                        "abort", f"T{self._rank} timed out after {timeout:.1f}s waiting for rank(s) {missing}"
-                    )
+                    self._store.set("abort", f"Trank {self._rank} waited {timeout:g}s for rank(s) {missing}")
             except Exception:
                 missing = []
-        who = f"rank(s) {missing} did not reach it" if missing else "the other ranks did not complete it"
-        raise SyncTimeoutError(
-            f"syncreward {what} timed out after {timeout:.1f}s on rank {self._rank}: {who} (hung, still busy, "
-            "dead, or they skipped this synced call). HINT: raise timeout= if the scoring rank legitimately takes "
-            "longer; make every rank make the same synced calls. The group is now unusable.",
-            missing,
-        )
+        raise SyncTimeoutError(timeout_message(missing, timeout), missing)
 
     def _arrived(self, channel: int, rank: int, op: int) -> bool:
         key = f"arrived/{channel}/{rank}"
