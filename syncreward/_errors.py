@@ -126,12 +126,15 @@ class SyncTimeoutError(CommunicationError, TimeoutError):
         return (type(self), (*self.args[:1], self.missing_ranks), self.__dict__)
 
 
-def timeout_message(missing: Sequence[int], timeout: float) -> str:
-    """What a timeout says, in every backend's words alike (the session adds which call, on which rank)."""
+def timeout_message(missing: Sequence[int], timeout: float, of: str = "") -> str:
+    """What a timeout says, in every backend's words alike (the session adds which call, on which rank).
+
+    ``of`` follows the missing ranks (`` of Ray group 'g'``).
+    """
     if missing:
         what = (
-            f"rank(s) {list(missing)} did not arrive within timeout={timeout:g}s (hung, still busy, dead, or they made "
-            "fewer synced calls than this rank)"
+            f"rank(s) {list(missing)}{of} did not arrive within timeout={timeout:g}s (hung, still busy, dead, or they "
+            "made fewer synced calls than this rank)"
         )
     else:
         what = f"every rank arrived, but the data did not get through within timeout={timeout:g}s"

@@ -65,7 +65,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without ray
     raise ImportError("backend='ray' needs the ray package. HINT: pip install 'syncreward[ray]'") from e
 
-from .._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError
+from .._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError, timeout_message
 
 __all__ = ["RayBackend", "current_backend", "destroy", "join", "joined_backends"]
 
@@ -277,7 +277,7 @@ def _make_coordinator_class() -> Any:
             if slot is None:
                 slot = self.slots[key] = _Slot(kind, self.world_size)
             if slot.kind != kind:
-                self._break(f"ranks made different collectives at channel {channel} operation {index}", FAILED)
+                self._break("the members' synced calls went out of step (they sent different kinds of data)", FAILED)
                 return ERROR, self.broken
             slot.parts[rank] = payload
             if counts is not None:
@@ -292,8 +292,7 @@ def _make_coordinator_class() -> Any:
                     if not slot.event.is_set():
                         missing = [r for r in range(self.world_size) if slot.parts[r] is None]
                         self._break(
-                            f"rank(s) {missing} of group {self.group!r} did not reach channel {channel} operation "
-                            f"{index} within {timeout:.1f}s",
+                            f"rank(s) {missing} of Ray group {self.group!r} did not arrive within timeout={timeout:g}s",
                             TIMEOUT,
                             missing_of=True,
                         )
@@ -382,9 +381,9 @@ class RayBackend:
 
     def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
         payload = np.ascontiguousarray(row, dtype="<i8").tobytes()
-        data = self._exchange(channel, GATHER, payload, None, timeout, "all_gather")
+        data = self._exchange(channel, GATHER, payload, None, timeout)
         if len(data) != len(payload) * self._world_size:
-            self._fail_protocol("all_gather", len(data), len(payload) * self._world_size)
+            self._fail_protocol(len(data), len(payload) * self._world_size)
         return np.frombuffer(data, dtype="<i8").reshape(self._world_size, -1).astype(np.int64)
 
     def all_to_all(
@@ -393,70 +392,61 @@ class RayBackend:
         counts = [int(c) for c in send_counts]
         buf = np.ascontiguousarray(send, dtype=np.uint8).reshape(-1)
         payload = buf if buf.nbytes >= _ZERO_COPY_BYTES else buf.tobytes()
-        data = self._exchange(channel, ALL_TO_ALL, payload, counts, timeout, "all_to_all")
+        data = self._exchange(channel, ALL_TO_ALL, payload, counts, timeout)
         want = int(sum(recv_counts))
         if len(data) != want:
-            self._fail_protocol("all_to_all", len(data), want)
+            self._fail_protocol(len(data), want)
         return np.frombuffer(data, dtype=np.uint8)
 
-    def _exchange(
-        self, channel: int, kind: int, payload: Any, counts: list[int] | None, timeout: float, what: str
-    ) -> Any:
+    def _exchange(self, channel: int, kind: int, payload: Any, counts: list[int] | None, timeout: float) -> Any:
+        # the words say what happened in the group; the session adds which call of which function, on which rank
         if self._broken is not None:
             raise GroupBrokenError(
-                f"Ray group {self.group!r} is unusable on rank {self._rank} after an earlier failure ({self._broken}). "
+                f"Ray group {self.group!r} is unusable after an earlier failure ({self._broken}). "
                 "HINT: restart the group's actors, or join a group with a new name."
             )
         try:
             ref = self._coord.exchange.remote(self._rank, self._token, channel, kind, payload, counts, timeout)
             status, data = ray.get(ref, timeout=timeout + _REPLY_MARGIN_S if timeout < 1e9 else None)
         except GetTimeoutError as e:
-            self._broken = f"{what} got no reply from the coordinator"
+            self._broken = "the group's coordinator did not reply"
             raise SyncTimeoutError(
-                f"syncreward {what} on rank {self._rank} of Ray group {self.group!r}: the coordinator did not reply "
-                f"within {timeout + _REPLY_MARGIN_S:.0f}s. HINT: the coordinator actor is overloaded or its node is "
-                "unreachable; the group is now unusable.",
+                f"the coordinator of Ray group {self.group!r} did not reply within {timeout + _REPLY_MARGIN_S:g}s. "
+                "HINT: the coordinator actor is overloaded or its node is unreachable; the group is now unusable.",
             ) from e
         except RayActorError as e:
-            self._broken = f"{what}: the coordinator actor died"
+            self._broken = "the group's coordinator actor died"
             raise CommunicationError(
-                f"syncreward {what} failed on rank {self._rank} of Ray group {self.group!r}: the coordinator actor "
-                f"died ({_first_line(e)}). HINT: its node may have failed or it was killed (ray.kill / destroy()); "
-                "the group is now unusable."
+                f"the coordinator actor of Ray group {self.group!r} died ({_first_line(e)}). HINT: its node may have "
+                "failed or it was killed (ray.kill / destroy()); the group is now unusable."
             ) from e
         except RayError as e:
-            self._broken = f"{what} failed: {_first_line(e)}"
+            self._broken = f"Ray failed: {_first_line(e)}"
             raise CommunicationError(
-                f"syncreward {what} failed on rank {self._rank} of Ray group {self.group!r}: {_first_line(e)}. "
-                "The group is now unusable."
+                f"Ray failed for group {self.group!r}: {_first_line(e)}. The group is now unusable."
             ) from e
         if status == OK:
             return data
         if status == TIMEOUT:
             missing, reason = data
-            self._broken = f"{what} timed out"
-            raise SyncTimeoutError(
-                f"syncreward {what} timed out on rank {self._rank} of Ray group {self.group!r}: {reason} (hung, "
-                "still busy, dead, or they skipped this synced call). HINT: raise timeout= if the scoring rank "
-                "legitimately takes longer; make every member make the same synced calls. The group is now unusable.",
-                missing,
-            )
+            self._broken = reason
+            raise SyncTimeoutError(timeout_message(missing, timeout, of=f" of Ray group {self.group!r}"), missing)
         self._broken = str(data)
         if status == BROKEN:
             raise GroupBrokenError(
-                f"syncreward {what} on rank {self._rank}: Ray group {self.group!r} broke before this rank arrived "
-                f"({data}). HINT: restart the group's actors, or join a group with a new name."
+                f"Ray group {self.group!r} broke before this rank arrived ({data}). HINT: restart the group's actors, "
+                "or join a group with a new name."
             )
         raise CommunicationError(
-            f"syncreward {what} failed on rank {self._rank} of Ray group {self.group!r}: {data}. HINT: see the "
-            "failed member's log (an exception, OOM kill or node failure); the group is now unusable."
+            f"Ray group {self.group!r} failed: {data}. HINT: see the failed member's log (an exception, OOM kill or "
+            "node failure); the group is now unusable."
         )
 
-    def _fail_protocol(self, what: str, got: int, want: int) -> None:
-        self._broken = f"{what} returned {got} bytes, expected {want}"
+    def _fail_protocol(self, got: int, want: int) -> None:
+        self._broken = f"a member received {got} bytes where it expected {want}"
         raise CommunicationError(
-            f"syncreward {what} on rank {self._rank} of Ray group {self.group!r} returned {got} bytes, expected "
-            f"{want}. HINT: the members disagree about the exchange; make every member run the same syncreward version."
+            f"this member of Ray group {self.group!r} received {got} bytes where it expected {want}. HINT: the "
+            "members disagree about the data they send; make every member run the same syncreward version."
         )
 
     # ------------------------------------------------------------------------------------ membership
