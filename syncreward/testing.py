@@ -302,9 +302,9 @@ class ThreadGroup:
     def exchange(self, channel: int, rank: int, item: Any, timeout: float) -> list[Any]:
         """Post ``item`` and return every rank's item, in rank order (all ranks must call it).
 
-        Failures read as the torch backend's do (:func:`~syncreward._errors.timeout_message`, ``late_message``):
-        a timeout names the ranks that did not arrive, and a rank arriving after the others gave up on it
-        says so, with the same hint.
+        Failures read as the torch backend's do (the same words, from ``syncreward._errors``): a timeout
+        names the ranks that did not arrive, and a rank arriving after the others gave up on it says so,
+        with the same hint.
         """
         ch = self._channels[channel]
         if ch.broken is not None:
