@@ -417,7 +417,7 @@ class RayBackend:
         except RayActorError as e:
             self._broken = "the group's coordinator actor died"
             raise CommunicationError(
-                f"the coordinator actor of Ray group {self.group!r} died ({_first_line(e)}). HINT: its node may have "
+                f"Ray group {self.group!r}: the coordinator actor died ({_first_line(e)}). HINT: its node may have "
                 "failed or it was killed (ray.kill / destroy()); the group is now unusable."
             ) from e
         except RayError as e:
