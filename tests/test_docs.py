@@ -76,3 +76,10 @@ def test_collectives_per_call_are_counted_on_one_page() -> None:
         text = (ROOT / page).read_text()
         assert not re.search(r"\b\d+ collectives?\b|\(\d+ on (its|the) first call", text), page
     assert "| … on a function's first call |" in (ROOT / "docs" / "performance.md").read_text()
+
+
+def test_api_reference_hides_private_parameters(site: Path) -> None:
+    """Ray ``join``'s test-only ``_settings`` keyword is not part of the documented signature."""
+    text = re.sub(r"<[^>]+>", "", (site / "api" / "index.html").read_text())
+    assert "join(group, rank, world_size, *, timeout=" in text
+    assert "_settings" not in text
