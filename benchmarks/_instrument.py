@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 __all__ = ["CollectiveCounter", "PhaseTimer"]
@@ -44,7 +45,7 @@ class CollectiveCounter:
     def __init__(self) -> None:
         self.armed = False
         self.reset()
-        self._saved: dict[str, Any] = {}
+        self._saved: dict[tuple[type, str], Any] = {}
 
     def reset(self) -> None:
         self.calls: list[tuple[str, int, int]] = []  # (op, bytes sent to other ranks, receive buffer bytes)
@@ -59,23 +60,27 @@ class CollectiveCounter:
             "recv_peak": max((c[2] for c in self.calls), default=0),
         }
 
+    # the job's process groups (ProcessGroup) and syncreward's own gloo groups (ProcessGroupGloo objects,
+    # whose collectives are methods of c10d's Backend class); a ProcessGroup's collective reaches its
+    # backend in C++, so nothing is counted twice
+    CLASSES = (dist.ProcessGroup, torch._C._distributed_c10d.Backend)
+
     def install(self) -> None:
-        pg = dist.ProcessGroup
-        for name in self.METHODS:
-            if name in self._saved or not hasattr(pg, name):
-                continue
-            # keep the raw class attribute (pybind11's instancemethod): getattr() would return the unbound
-            # builtin, which does not bind ``self`` when put back
-            self._saved[name] = pg.__dict__.get(name)
-            setattr(pg, name, self._wrap(name, getattr(pg, name)))
+        for cls in self.CLASSES:
+            for name in self.METHODS:
+                if (cls, name) in self._saved or name not in cls.__dict__:
+                    continue
+                # keep the raw class attribute (pybind11's instancemethod): getattr() would return the unbound
+                # builtin, which does not bind ``self`` when put back
+                self._saved[(cls, name)] = cls.__dict__.get(name)
+                setattr(cls, name, self._wrap(name, getattr(cls, name)))
 
     def uninstall(self) -> None:
-        pg = dist.ProcessGroup
-        for name, raw in self._saved.items():
+        for (cls, name), raw in self._saved.items():
             if raw is None:
-                delattr(pg, name)
+                delattr(cls, name)
             else:
-                setattr(pg, name, raw)
+                setattr(cls, name, raw)
         self._saved.clear()
 
     @contextmanager

@@ -39,12 +39,17 @@ import math
 import os
 import sys
 import tempfile
+import warnings
 from collections import defaultdict
 from typing import Any
 
 import torch
 
 from syncreward import synced_reward
+
+# transformers 5 renamed gradient checkpointing to activation checkpointing; TRL still uses the old names, which
+# prints one FutureWarning per name and rank. Only those two messages are silenced.
+warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing` is deprecated", category=FutureWarning)
 
 K = 4  # GRPOConfig.num_generations: completions per prompt, consecutive in the generation batch
 
@@ -213,6 +218,10 @@ def main() -> None:
     if trainer.accelerator.is_main_process:
         n = config.generation_batch_size
         print(f"generation batch: {n} completions = {n // K} prompts x {K}, {n // world} per rank", flush=True)
+        print(
+            "first call, each rank: per-rank = the plain function on that rank's rows alone; synced = what it returned",
+            flush=True,
+        )
     trainer.train()
 
     if trainer.accelerator.is_main_process:

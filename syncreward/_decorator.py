@@ -161,10 +161,10 @@ def synced_reward(
             that only compare samples within a group.
         backend: ``"auto"`` (resolved at call time: a joined Ray group, then accelerate, then
             torch.distributed, else one process), ``"local"``, ``"torch"``, ``"accelerate"``, ``"ray"``,
-            or an object implementing [`Backend`][syncreward.Backend].
+            or an object implementing ``Backend``.
         timeout: seconds a rank waits for the others in one exchange step (including waiting for the
             scoring rank's results); default 1800 (30 minutes, torch.distributed's default). A rank that
-            does not arrive in time is named in a [`SyncTimeoutError`][syncreward.SyncTimeoutError] on
+            does not arrive in time is named in a ``SyncTimeoutError`` on
             every rank that did.
         group_size: with ``mode="shard"``: consecutive global samples form groups of this size (TRL's
             ``num_generations``).
@@ -172,7 +172,7 @@ def synced_reward(
         include: the ``**kwargs`` per-sample columns to exchange (default: all that hold plain data).
             Parameters the function names are always exchanged.
         exclude: per-sample columns not to exchange; the function receives a
-            [`NotSynced`][syncreward.NotSynced] placeholder for them.
+            ``NotSynced`` placeholder for them.
         shared: sequence arguments that are not per-sample (passed through from the scoring rank).
         allow_pickle: also carry arbitrary objects, with pickle. Unpickling runs code chosen by the
             sender: use only on clusters where every rank is trusted.
@@ -223,7 +223,7 @@ def synced_rewards(
 ) -> tuple[Callable[..., Any], ...]:
     """Sync several reward functions as a group: the columns they all receive travel once per step.
 
-    Each function becomes a synced reward exactly as with [`synced_reward`][syncreward.synced_reward]
+    Each function becomes a synced reward exactly as with ``synced_reward``
     (same name, signature, coroutine-ness, results, errors). In addition, a call whose per-sample
     arguments are the very objects an earlier call of the group sent (TRL passes every reward of a step
     the same lists), at the same training step, does not gather them again: it is scored on the global

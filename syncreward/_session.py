@@ -85,9 +85,15 @@ class _Workers:
                 return
             self._started += 1
             name = f"syncreward_{self._started}"
-        threading.Thread(target=self._work, args=(job,), name=name).start()
+        # Never a daemon (a thread started from a daemon thread, such as TRL's event-loop thread, would be
+        # one): interpreter exit joins the workers, so no step and nothing it references outlives
+        # finalisation -- a daemon worker frozen there kept gloo's threads alive and the process aborted at
+        # exit ("terminate called without an active exception"). The job goes in a box the worker empties:
+        # ``Thread`` keeps its ``args`` for the thread's whole life.
+        threading.Thread(target=self._work, args=([job],), name=name, daemon=False).start()
 
-    def _work(self, job: Callable[[], None] | None) -> None:
+    def _work(self, box: list[Callable[[], None]]) -> None:
+        job: Callable[[], None] | None = box.pop()
         while job is not None:
             with contextlib.suppress(BaseException):  # a job sets its own future; the worker stays alive
                 job()

@@ -203,10 +203,21 @@ def parse_relative(page: Path) -> list[Snippet]:
         ROOT = saved
 
 
-def test_docstring_examples() -> None:
-    """The ``>>>`` examples in the public docstrings (rendered in the API reference) pass."""
-    import syncreward._decorator
+@pytest.mark.parametrize("module", ["syncreward", "syncreward._decorator"])
+def test_docstring_examples(module: str) -> None:
+    """The ``>>>`` examples in the public docstrings (``help(syncreward)``, the API reference) pass."""
+    import importlib
 
-    failed, attempted = doctest.testmod(syncreward._decorator, verbose=False)
+    failed, attempted = doctest.testmod(importlib.import_module(module), verbose=False)
     assert attempted > 0
     assert failed == 0
+
+
+def test_help_shows_no_cross_reference_syntax() -> None:
+    """``help()`` prints docstrings raw: mkdocs' ``[`X`][syncreward.X]`` links would show as they are typed."""
+    import syncreward
+
+    shown = {"syncreward": syncreward.__doc__ or ""}
+    shown.update({name: getattr(syncreward, name).__doc__ or "" for name in ("synced_reward", "synced_rewards")})
+    bad = {name: re.findall(r"\[[^\]]*\]\[[\w.]+\]", doc) for name, doc in shown.items()}
+    assert not {name: found for name, found in bad.items() if found}

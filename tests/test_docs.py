@@ -54,3 +54,32 @@ def test_troubleshooting_errors_reach_the_sidebar(site: Path) -> None:
     page = (site / "troubleshooting" / "index.html").read_text()
     sidebar = page.split('id="toc-collapse"', 1)[1].split("</div>", 1)[0]
     assert sidebar.count('data-bs-level="3"') >= 10, sidebar[:2000]
+
+
+def test_internals_are_a_contributors_page(site: Path) -> None:
+    """The path of a call and the measurement notes live on Internals, linked under "For contributors"."""
+    nav = (site / "index.html").read_text()
+    assert "For contributors" in nav
+    assert 'href="internals/"' in nav
+    concepts = (ROOT / "docs" / "concepts.md").read_text()
+    assert "_lifecycle" not in concepts
+    assert "eager chunk" not in concepts
+    assert "## What makes two calls the same call" in concepts  # the user contract stays on Concepts
+    performance = (ROOT / "docs" / "performance.md").read_text()
+    assert not re.search(r"commit `[0-9a-f]{7}`|glibc|Firecracker", performance)
+
+
+def test_collectives_per_call_are_counted_on_one_page() -> None:
+    """Performance's table holds the counts; the pages that once repeated them (and drifted) link to it."""
+    pages = ["README.md", "docs/index.md", "docs/quickstart.md", "docs/concepts.md", "docs/guides/trl.md"]
+    for page in pages:
+        text = (ROOT / page).read_text()
+        assert not re.search(r"\b\d+ collectives?\b|\(\d+ on (its|the) first call", text), page
+    assert "| … on a function's first call |" in (ROOT / "docs" / "performance.md").read_text()
+
+
+def test_api_reference_hides_private_parameters(site: Path) -> None:
+    """Ray ``join``'s test-only ``_settings`` keyword is not part of the documented signature."""
+    text = re.sub(r"<[^>]+>", "", (site / "api" / "index.html").read_text())
+    assert "join(group, rank, world_size, *, timeout=" in text
+    assert "_settings" not in text

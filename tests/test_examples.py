@@ -168,6 +168,16 @@ TRL_ENV = {
 }
 
 
+TRL_GUIDE = EXAMPLES.parent / "docs" / "guides" / "trl.md"
+
+
+def _guide_sample(path: Path = TRL_GUIDE) -> str:
+    """The ``text`` block after ``<!-- output: examples/trl_grpo.py -->`` in the TRL guide."""
+    m = re.search(r"^<!-- output: examples/trl_grpo.py -->\n```text\n(.*?)^```", path.read_text(), re.M | re.S)
+    assert m is not None, f"{path}: no sample output block for examples/trl_grpo.py"
+    return m.group(1)
+
+
 def _first_call_blocks(out: str) -> dict[tuple[int, str], dict[str, list[float]]]:
     """{(rank, reward): {"prompt_id": [...], "per-rank": [...], "synced": [...]}} from the example's output."""
     blocks = {}
@@ -208,3 +218,11 @@ def test_trl_grpo_example() -> None:
     # Synced, the brevity reward is centred on the whole generation batch.
     synced = blocks[0, "relative_brevity"]["synced"] + blocks[1, "relative_brevity"]["synced"]
     assert abs(sum(synced)) < 0.05
+    assert "FutureWarning" not in out  # the example silences transformers' gradient_checkpointing renames
+    # The guide's sample output is this run's: the same per-rank blocks (their order between ranks varies), and
+    # every other line it shows.
+    sample = _guide_sample()
+    assert _first_call_blocks(sample) == blocks, (sample, out[-4000:])
+    block_lines = re.compile(r"^(rank \d \w+ +prompt_id|  per-rank|  synced) ")
+    missing = [x for x in sample.splitlines() if x.strip() and not block_lines.match(x) and x not in out]
+    assert not missing, (missing, out[-4000:])

@@ -201,8 +201,15 @@ class TorchDistributedBackend:
         """
         with self._init_lock:
             self._released = True
-            self._groups = None
+            groups, self._groups = self._groups, None
             self._store = None
+        for group in groups or ():
+            # as destroy_process_group() does for the groups it knows: stop gloo's threads now, not in a
+            # destructor that may run at interpreter teardown (where it aborts the process)
+            shutdown = getattr(group, "shutdown", None)
+            if shutdown is not None:
+                with contextlib.suppress(Exception):
+                    shutdown()
 
     def _channel(self, channel: int, timeout: float) -> Any:
         groups = self._groups
