@@ -746,6 +746,23 @@ def _encode_column_body(values: Any, container: int, out: bytearray, level: int)
 _SCALARS = frozenset({str, float, int, bool, type(None), bytes})
 
 
+def _ints_fit(values: Any) -> bool:
+    """Whether every ``int`` among ``values`` has at most ``_MAX_BIGINT_DIGITS`` digits (what the encoder takes)."""
+    ints = [v for v in values if type(v) is int]
+    try:
+        np.array(ints, dtype=np.int64)  # the common case, in one C pass
+        return True
+    except OverflowError:
+        pass
+    for v in ints:
+        bits = v.bit_length()
+        if bits > 3.33 * _MAX_BIGINT_DIGITS:  # past 10 ** _MAX_BIGINT_DIGITS whatever the rounding
+            return False
+        if bits > 3.32 * _MAX_BIGINT_DIGITS and len(str(abs(v))) > _MAX_BIGINT_DIGITS:
+            return False
+    return True
+
+
 def is_plain(values: Any, container: int) -> bool:
     """Whether a column can travel without pickle (cheap type checks for the common shapes)."""
     if container == C_TENSOR:
@@ -757,15 +774,16 @@ def is_plain(values: Any, container: int) -> bool:
     try:
         types = set(map(type, values))
         if types <= _SCALARS:
-            return True
+            return int not in types or _ints_fit(values)
         if types == {list}:
             # token ids: one marshal pass proves every element an exact int (2x faster than the type set)
             first = next((row[0] for row in values if row), None)
             token_ids = type(first) is int and type(values) is list and _MARSHAL_RECORDS
             if token_ids and _marshal_records(values, len(values)) is not None:
                 return True
-            if set(map(type, chain.from_iterable(values))) <= _SCALARS:
-                return True
+            inner = set(map(type, chain.from_iterable(values)))
+            if inner <= _SCALARS:
+                return int not in inner or _ints_fit(chain.from_iterable(values))
         _encode_column_body(values, container, bytearray(), _PLAIN)
     except Exception:
         return False

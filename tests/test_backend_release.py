@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from syncreward import synced_reward
-from syncreward.testing import run_ranks
+from syncreward.testing import free_port, run_ranks
 
 pytestmark = pytest.mark.multiprocess
 
@@ -37,15 +37,20 @@ def _counts() -> dict[str, int]:
     }
 
 
-def cycles_body(rank: int, world_size: int, cycles: int) -> dict[str, Any]:
-    """``cycles`` jobs in one process (run_ranks set MASTER_ADDR/PORT; backend="none" leaves init to us)."""
+def cycles_body(rank: int, world_size: int, ports: list[int]) -> dict[str, Any]:
+    """One job per port in one process (backend="none" leaves init to us).
+
+    Each job rendezvouses on its own port: re-creating torch's store on the port of the job just destroyed
+    races with the other rank's connection (a timeout at init under load, whatever syncreward does).
+    """
     import datetime
 
     import torch.distributed as dist
 
     counts = []
     results = []
-    for _ in range(cycles):
+    for port in ports:
+        os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=20))
         results.append(synced([f"r{rank}-" + "x" * i for i in range(rank + 2)]))
         dist.destroy_process_group()
@@ -54,7 +59,10 @@ def cycles_body(rank: int, world_size: int, cycles: int) -> dict[str, Any]:
 
 
 def test_init_call_destroy_cycles_keep_fds_and_threads_flat() -> None:
-    out = run_ranks(cycles_body, 2, CYCLES, timeout=60, backend="none")
+    ports: set[int] = set()
+    while len(ports) < CYCLES:  # distinct: two calls may hand out the same free port
+        ports.add(free_port())
+    out = run_ranks(cycles_body, 2, sorted(ports), timeout=60, backend="none")
     expected = batch_normalized([f"r{r}-" + "x" * i for r in range(2) for i in range(r + 2)])
     for rank, res in enumerate(out):
         lo = 0 if rank == 0 else 2
