@@ -210,3 +210,12 @@ def test_honest_frames_of_rows_without_bytes_still_decode() -> None:
     assert nrows == len(values)
     assert cols[0].values.shape == values.shape
     assert decode_value(_encoded(np.zeros((3, 0, 5)))).shape == (3, 0, 5)
+
+
+def test_a_column_of_integers_past_the_digit_limit_is_not_plain() -> None:
+    """A kwargs-only column of them is left behind, not refused at encode (found by the column fuzzer)."""
+    from syncreward._codec import C_LIST, is_plain
+
+    assert not is_plain([1 << 16610], C_LIST)
+    assert not is_plain([[1, 1 << 16610]], C_LIST)
+    assert is_plain([10**4300 - 1, 3], C_LIST)  # 4300 digits: still carried
