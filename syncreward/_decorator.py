@@ -20,7 +20,8 @@ from typing_extensions import ParamSpec
 
 from ._binding import Binder
 from ._group import GroupMode, RewardGroup
-from ._identity import Identity, call_site
+from ._identity import Identity, call_site, reward_target
+from ._identity import unwrap as _unwrap
 from ._lifecycle import call_async, call_sync, nested
 from ._modes import MODES
 from ._modes._base import GatherMode, Spec
@@ -40,22 +41,9 @@ MAX_TIMEOUT = 1e7
 BACKENDS = ("auto", "local", "torch", "accelerate", "ray")
 
 
-def _unwrap(fn: Any) -> Any:
-    """The plain function behind ``functools.partial`` layers."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return fn
-
-
 def _stable_name(fn: Any) -> str:
-    """A name for ``fn`` that is the same in every process: the qualified name of the function or class.
-
-    Never ``repr()``: that holds a per-process memory address, and ranks would never agree.
-    """
-    inner = _unwrap(fn)
-    target = getattr(inner, "__func__", inner)  # bound method -> its function
-    if not (inspect.isfunction(target) or inspect.isbuiltin(target) or inspect.isclass(target)):
-        target = type(target)  # a callable instance: its class
+    """The qualified name of the function or class behind ``fn``: the same in every process."""
+    target = reward_target(fn)[0]
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
     return name if isinstance(name, str) else type(target).__qualname__
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from .backends import _context_backend
 
-__all__ = ["Identity", "call_site", "features", "plain_repr"]
+__all__ = ["Identity", "call_site", "features", "plain_repr", "reward_target", "unwrap"]
 
 MAX_REPR = 2048  # characters of plain configuration written out per reward; the rest is summarised
 _MAX_ITEMS = 64  # items of a list/tuple/dict written out; longer ones also carry their length
@@ -86,6 +86,29 @@ def _qualified(target: Any) -> str:
     return f"{module}.{name}" if isinstance(module, str) else name
 
 
+def unwrap(fn: Any) -> Any:
+    """The callable behind ``functools.partial`` layers."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
+def reward_target(fn: Any) -> tuple[Any, Any]:
+    """``(what names the reward, what configures it)``, the same in every process.
+
+    A function names itself; a bound method, its function (configured by its object); a callable
+    instance, its class (configured by the instance). Never ``repr()``: that holds a memory address.
+    """
+    inner = unwrap(fn)
+    owner = getattr(inner, "__self__", None)
+    target = getattr(inner, "__func__", inner)  # bound method -> its function
+    if owner is not None and not inspect.ismodule(owner):
+        return target, owner
+    if not (inspect.isfunction(target) or inspect.isbuiltin(target) or inspect.isclass(target)):
+        return type(target), target
+    return target, None
+
+
 def features(fn: Any, display_name: str) -> tuple[str, dict[str, str]]:
     """``(qualified name, features)`` of a reward: what could tell it apart from a sibling.
 
@@ -102,18 +125,14 @@ def features(fn: Any, display_name: str) -> tuple[str, dict[str, str]]:
         for k, v in inner.keywords.items():
             found[f"partial{layer}.{k}"] = plain_repr(v)
         inner, layer = inner.func, layer + 1
-    owner = getattr(inner, "__self__", None)
-    target = getattr(inner, "__func__", inner)  # bound method -> its function
+    target, configured = reward_target(inner)
     code = getattr(target, "__code__", None)
     cells = getattr(target, "__closure__", None) or ()
     for name, cell in zip(getattr(code, "co_freevars", ()), cells, strict=False):
         with contextlib.suppress(ValueError):  # an empty cell
             found[f"closure.{name}"] = plain_repr(cell.cell_contents)  # a factory's make_reward(target=10)
-    if owner is not None and not inspect.ismodule(owner):
-        found.update(_attributes(owner))
-    elif not (inspect.isfunction(target) or inspect.isbuiltin(target) or inspect.isclass(target)):
-        found.update(_attributes(target))  # a callable instance: its class, and its configuration
-        target = type(target)
+    if configured is not None:
+        found.update(_attributes(configured))
     return _qualified(target), found
 
 
