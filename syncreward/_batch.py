@@ -12,7 +12,7 @@ import torch
 from ._codec import C_LIST, C_NDARRAY, C_TENSOR, C_TUPLE, Column, container_of
 from ._errors import InputError, ResultLengthError
 
-__all__ = ["concat", "rebuild_result", "result_columns", "result_signature", "take"]
+__all__ = ["concat", "rebuild_result", "result_columns", "result_signature", "take", "take_columns"]
 
 
 def _as_container(values: Any, container: int) -> Any:
@@ -76,6 +76,11 @@ def take(values: Any, container: int, idx: slice | Sequence[int]) -> Any:
         return values[torch.as_tensor(list(idx), dtype=torch.long, device=values.device)]
     picked = [values[i] for i in idx]
     return tuple(picked) if container == C_TUPLE else picked
+
+
+def take_columns(columns: Sequence[Column], idx: slice | Sequence[int]) -> list[Column]:
+    """The same rows (:func:`take`) of every column."""
+    return [Column(c.name, c.container, take(c.values, c.container, idx)) for c in columns]
 
 
 def result_columns(result: Any, n: int, function: str) -> tuple[list[Any] | None, list[Column]]:

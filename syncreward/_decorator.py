@@ -9,35 +9,29 @@ each call then goes to the lifecycle (``_lifecycle``), which reads top to bottom
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, TypeVar, cast, overload
 
 from typing_extensions import ParamSpec
 
 from ._binding import Binder
 from ._group import GroupMode, RewardGroup
-from ._identity import Identity, call_site, reward_target
-from ._identity import unwrap as _unwrap
+from ._identity import Identity, call_site, innermost, reward_target
 from ._lifecycle import call_async, call_sync, nested
-from ._modes import MODES
+from ._modes import MODES, GatherModeName, ModeName
 from ._modes._base import GatherMode, Spec
 from ._modes._base import Mode as ModeImpl
+from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, Options
 from .backends import Backend, resolve_backend
 
 __all__ = ["synced_reward", "synced_rewards"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-Mode = Literal["main", "replicate", "shard"]
-
-DEFAULT_TIMEOUT = 1800.0
-"""Seconds a rank waits for the others in one exchange step (torch.distributed's default, 30 minutes)."""
-MAX_TIMEOUT = 1e7
-"""The longest ``timeout`` accepted (about 115 days): longer waits overflow the transports' clocks."""
 BACKENDS = ("auto", "local", "torch", "accelerate", "ray")
 
 
@@ -53,7 +47,7 @@ def _display_name(fn: Any) -> str:
     own = getattr(fn, "__name__", None)
     if isinstance(own, str):
         return own
-    inner = _unwrap(fn)
+    inner = innermost(fn)
     own = getattr(inner, "__name__", None)
     if isinstance(own, str):
         return own
@@ -62,7 +56,7 @@ def _display_name(fn: Any) -> str:
 
 def _is_async(fn: Any) -> bool:
     """Whether calling ``fn`` returns a coroutine (as TRL's ``is_async_callable`` decides)."""
-    inner = _unwrap(fn)
+    inner = innermost(fn)
     return (
         inspect.iscoroutinefunction(inner)
         or inspect.iscoroutinefunction(vars(type(inner)).get("__call__"))
@@ -70,24 +64,12 @@ def _is_async(fn: Any) -> bool:
     )
 
 
-def _check_options(
-    mode: str,
-    backend: Any,
-    timeout: Any,
-    group_size: Any,
-    group_by: Any,
-) -> None:
+def _check_options(options: Options) -> None:
+    """Raise ``ValueError`` for options no call could run with (every mode checks its own: ``Mode.check``)."""
+    mode, backend, timeout = options.mode, options.backend, options.timeout
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}, not {mode!r}")
-    if mode == "shard":
-        if (group_size is None) == (group_by is None):
-            raise ValueError("mode='shard' needs exactly one of group_size=K or group_by='<column>'")
-        if group_size is not None and (
-            isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
-        ):
-            raise ValueError(f"group_size must be a positive int, not {group_size!r}")
-    elif group_size is not None or group_by is not None:
-        raise ValueError("group_size/group_by only apply to mode='shard'")
+    MODES[mode].check(options)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
         raise ValueError(
             f"timeout must be a number of seconds, more than 0 and at most {MAX_TIMEOUT:.0e} (about 115 days), "
@@ -104,9 +86,9 @@ def synced_reward(fn: Callable[P, R], /) -> Callable[P, R]: ...
 @overload
 def synced_reward(
     *,
-    mode: Mode = "main",
+    mode: ModeName = "main",
     backend: str | Backend = "auto",
-    timeout: float = 1800.0,
+    timeout: float = DEFAULT_TIMEOUT,
     group_size: int | None = None,
     group_by: str | None = None,
     include: Collection[str] | str | None = None,
@@ -121,9 +103,9 @@ def synced_reward(
     fn: Callable[P, R] | None = None,
     /,
     *,
-    mode: Mode = "main",
+    mode: ModeName = "main",
     backend: str | Backend = "auto",
-    timeout: float = 1800.0,
+    timeout: float = DEFAULT_TIMEOUT,
     group_size: int | None = None,
     group_by: str | None = None,
     include: Collection[str] | str | None = None,
@@ -185,10 +167,19 @@ def synced_reward(
         >>> rank_reward(["a", "abc", "ab"])
         [0.0, 1.0, 0.5]
     """
-    _check_options(mode, backend, timeout, group_size, group_by)
-    options = _Options(
-        mode, backend, timeout, group_size, group_by, include, exclude, shared, allow_pickle, process_group
+    options = Options(
+        mode=mode,
+        backend=backend,
+        timeout=timeout,
+        group_size=group_size,
+        group_by=group_by,
+        include=include,
+        exclude=exclude,
+        shared=shared,
+        allow_pickle=allow_pickle,
+        process_group=process_group,
     )
+    _check_options(options)
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         return cast(Callable[P, R], wrap(func, MODES[mode], options))
@@ -200,9 +191,9 @@ def synced_reward(
 
 def synced_rewards(
     *fns: Callable[..., Any],
-    mode: Literal["main", "replicate"] = "main",
+    mode: GatherModeName = "main",
     backend: str | Backend = "auto",
-    timeout: float = 1800.0,
+    timeout: float = DEFAULT_TIMEOUT,
     include: Collection[str] | str | None = None,
     exclude: Collection[str] | str = (),
     shared: Collection[str] | str = (),
@@ -251,33 +242,27 @@ def synced_rewards(
     """
     if not fns:
         raise ValueError("synced_rewards() needs at least one reward function")
-    if mode not in ("main", "replicate"):
-        raise ValueError(f"synced_rewards() takes mode='main' or 'replicate', not {mode!r}")
-    _check_options(mode, backend, timeout, None, None)
+    gathering = tuple(name for name, m in MODES.items() if isinstance(m, GatherMode))
+    if mode not in gathering:
+        raise ValueError(f"synced_rewards() takes mode={' or '.join(map(repr, gathering))}, not {mode!r}")
+    options = Options(
+        mode=mode,
+        backend=backend,
+        timeout=timeout,
+        include=include,
+        exclude=exclude,
+        shared=shared,
+        allow_pickle=allow_pickle,
+        process_group=process_group,
+    )
+    _check_options(options)
     base = MODES[mode]
     assert isinstance(base, GatherMode)
     impl = GroupMode(base, RewardGroup())
-    options = _Options(mode, backend, timeout, None, None, include, exclude, shared, allow_pickle, process_group)
     return tuple(wrap(fn, impl, options) for fn in fns)
 
 
-@dataclass(frozen=True)
-class _Options:
-    """A synced function's options, checked once (``_check_options``)."""
-
-    mode: str
-    backend: str | Backend
-    timeout: float
-    group_size: int | None
-    group_by: str | None
-    include: Collection[str] | str | None
-    exclude: Collection[str] | str
-    shared: Collection[str] | str
-    allow_pickle: bool
-    process_group: Any
-
-
-def wrap(func: Any, impl: ModeImpl, options: _Options) -> Any:
+def wrap(func: Any, impl: ModeImpl[Any], options: Options) -> Any:
     """The synced wrapper of one function; ``impl`` is the mode object that runs its calls."""
     if isinstance(func, (staticmethod, classmethod)):  # @synced_reward above @staticmethod / @classmethod
         return type(func)(wrap(func.__func__, impl, options))
@@ -291,11 +276,7 @@ def wrap(func: Any, impl: ModeImpl, options: _Options) -> Any:
         fn=func,
         name=_stable_name(func),
         identity=Identity(func, display),
-        mode=options.mode,
-        timeout=float(options.timeout),
-        group_size=options.group_size,
-        group_by=group_by,
-        allow_pickle=options.allow_pickle,
+        options=dataclasses.replace(options, timeout=float(options.timeout)),
         binder=binder,
         impl=impl,
     )
@@ -322,7 +303,7 @@ def wrap(func: Any, impl: ModeImpl, options: _Options) -> Any:
             return call_sync(spec, be, args, kwargs, call_site(sys._getframe(1)))
 
         wrapper = sync_wrapper
-    if inspect.isfunction(_unwrap(func)) or inspect.ismethod(_unwrap(func)):
+    if inspect.isfunction(innermost(func)) or inspect.ismethod(innermost(func)):
         functools.update_wrapper(wrapper, func)
     else:  # a callable instance: its attributes stay on it, not on the wrapper
         functools.update_wrapper(wrapper, func, assigned=("__module__", "__doc__"), updated=())

@@ -144,6 +144,24 @@ def timeout_message(missing: Sequence[int], timeout: float, of: str = "") -> str
     )
 
 
+def forked_message(what: str, pid: int, parent: int, owner: str) -> str:
+    """What a synced call made in a forked child says (``what``: the call; ``owner``: whose exchanges it joins)."""
+    return (
+        f"{what} was made in a process forked (pid {pid}) from {owner} (pid {parent}); the child cannot take part "
+        "in its exchanges and must not touch its process groups. HINT: make synced calls in the training process "
+        "itself, not in fork-started workers (a DataLoader's workers, multiprocessing with the fork start method)."
+    )
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none, or ``str()`` fails)."""
+    try:
+        text = str(e).strip()
+    except BaseException:
+        text = ""
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def late_message(record: str, timeout: float) -> str:
     """What a rank says that arrives after the others gave up on it (``record``: who waited how long for whom)."""
     return (

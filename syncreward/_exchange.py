@@ -1,9 +1,17 @@
 """The collective procedures every mode shares, over a backend: the inbound exchange and failure reports.
 
-Each function here runs inside one turn of a session (see ``_session``) and returns its outcome as a
-value: what was received, or a :class:`~syncreward._session.Raise` that every rank raises -- because
-every rank decided it from the same gathered headers. The arithmetic (sizes, offsets, predictions)
-lives in ``_wire``.
+Each function here runs inside one turn of a session (see ``_session``) and returns an outcome
+(``_outcome``): ``Value`` of what was received, or an ``Error`` that every rank raises -- because every
+rank decided it from the same gathered rows. The arithmetic (sizes, offsets, predictions) lives in
+``_wire``.
+
+Three procedures carry the decisions every mode makes the same way:
+
+* :func:`exchange_inbound` -- headers and payloads; every rank raises together if a rank failed, runs
+  another version, or makes another call;
+* :func:`status_round` -- after work only some ranks did (scoring, planning): every rank says whether
+  it failed, and every rank raises together if any did (:func:`report_failures`);
+* :func:`mismatch` -- the ranks made different calls: every rank learns every rank's description.
 """
 
 from __future__ import annotations
@@ -17,26 +25,35 @@ import numpy as np
 
 from ._codec import decode_value
 from ._errors import CodecError, MismatchError, RemoteError
-from ._session import Raise, Session
+from ._outcome import Error, Value
+from ._session import Session
 from ._wire import (
+    FAILED,
     HEADER_BYTES,
+    INBOUND,
+    OK,
     VERSION,
+    CallCheck,
     Headers,
     dropped_names,
+    error_blob,
     offsets,
     remainder_counts,
     split,
 )
 
 __all__ = [
+    "SAME_CALLS",
     "SITE",
     "Inbound",
     "all_to_all",
     "broadcast_blobs",
+    "disagreement",
     "exchange_inbound",
     "mismatch",
     "report_failures",
     "scatter",
+    "status_round",
 ]
 
 
@@ -101,7 +118,7 @@ def report_failures(
     channel: int,
     timeout: float,
     function: str,
-) -> Raise:
+) -> Error:
     """Every rank learns every failure: the origin re-raises its own, the others a :class:`RemoteError`."""
     failed = [r for r, s in enumerate(statuses) if s]
     sizes = [int(sizes[r]) if statuses[r] else 0 for r in range(session.world_size)]
@@ -110,7 +127,7 @@ def report_failures(
         others = [r for r in failed if r != session.rank]
         if others:
             _add_note(mine, f"syncreward: {function!r} also failed on rank(s) {others}")
-        return Raise(mine)
+        return Error(mine)
     origin = failed[0]
     try:
         info = decode_value(blobs[origin])
@@ -119,21 +136,65 @@ def report_failures(
         error = RemoteError(origin, "?", "<undecodable error report>", "", function=function)
     if len(failed) > 1:
         _add_note(error, f"syncreward: {function!r} also failed on rank(s) {failed[1:]}")
-    return Raise(error)
+    return Error(error)
 
 
-SITE = " called from "  # how a call's description names its call site (``Call.prepare``)
+def status_round(
+    session: Session,
+    mine: BaseException | None,
+    channel: int,
+    timeout: float,
+    function: str,
+    *,
+    extra: Sequence[int] = (),
+    check: CallCheck | None = None,
+    description: str = "",
+) -> Value[np.ndarray] | Error:
+    """Every rank says whether it failed (``mine``), with ``extra`` numbers; every rank raises if any failed.
+
+    One ``all_gather`` of ``[status, error bytes, (check), *extra]`` per rank, then, only if a rank
+    failed, its error to every rank (:func:`report_failures`). With ``check`` (a call no inbound header
+    checked: a reward group's hit), the ranks' records are compared first: every rank raises
+    :class:`MismatchError` if they made different calls. Returns every rank's ``extra`` (rows in rank order).
+    """
+    blob = error_blob(mine) if mine is not None else b""
+    head = [OK if mine is None else FAILED, len(blob), *(check.fields() if check is not None else ())]
+    rows = all_gather(session, [*head, *extra], channel, timeout)
+    if check is not None:
+        checks = [CallCheck.of_fields(row[2 : 2 + CallCheck.FIELDS]) for row in rows.tolist()]
+        if (wrong := disagreement(session, checks, description, channel, timeout)) is not None:
+            return wrong
+    statuses = [int(x) for x in rows[:, 0]]
+    if any(statuses):
+        return report_failures(session, statuses, rows[:, 1].tolist(), mine, blob, channel, timeout, function)
+    return Value(rows[:, len(head) :])
 
 
-def mismatch(session: Session, desc_sizes: Sequence[int], description: str, channel: int, timeout: float) -> Raise:
+SITE = " called from "  # how a call's description names its call site (``Call.open``)
+SAME_CALLS = "every rank must call the same synced functions in the same order"  # the root of every mismatch HINT
+
+
+def disagreement(
+    session: Session, checks: Sequence[CallCheck], description: str, channel: int, timeout: float
+) -> Error | None:
+    """Whether the ranks' :class:`CallCheck` records (every rank's, in rank order) name different calls.
+
+    Every rank holds every record, so every rank returns the same answer; on a disagreement every rank
+    learns every rank's description (:func:`mismatch`).
+    """
+    if all(c.same_call(checks[0]) for c in checks[1:]):
+        return None
+    return mismatch(session, [c.desc_bytes for c in checks], description, channel, timeout)
+
+
+def mismatch(session: Session, desc_sizes: Sequence[int], description: str, channel: int, timeout: float) -> Error:
     """Every rank learns what every rank called (``desc_sizes[r]``: the size of rank ``r``'s description)."""
     blobs = broadcast_blobs(session, description.encode("utf-8", "backslashreplace"), desc_sizes, channel, timeout)
     texts = [b.decode(errors="replace") for b in blobs]
     lines = [f"  rank {r}: {t}" for r, t in enumerate(texts)]
     hint = (
-        "every rank must call the same synced functions, in the same order, with the same per-sample columns (same "
-        "names and container types), at the same training step (a call made on some ranks only, e.g. under `if rank "
-        "== 0`, shifts every later call)."
+        f"{SAME_CALLS}, with the same per-sample columns (same names and container types), at the same training "
+        "step (a call made on some ranks only, e.g. under `if rank == 0`, shifts every later call)."
     )
     if len({t.rsplit(SITE, 1)[0] for t in texts}) == 1:  # the same call, made from different places
         hint = (
@@ -142,7 +203,7 @@ def mismatch(session: Session, desc_sizes: Sequence[int], description: str, chan
             "if the ranks run different code on purpose (a Ray driver and a task), make every rank call the "
             "synced function through one shared function."
         )
-    return Raise(
+    return Error(
         MismatchError(
             "ranks made different synced calls at the same point, so their batches cannot be combined:\n"
             + "\n".join(lines)
@@ -200,7 +261,7 @@ def exchange_inbound(
     droppable: frozenset[str],
     timeout: float,
     function: str,
-) -> Inbound | Raise:
+) -> Value[Inbound] | Error:
     """Send every rank this rank's header plus the start of its payload where ``route`` says; complete the payloads.
 
     ``route[src, dst]`` says whether ``src``'s payload goes to ``dst`` (``None``: no payload travels).
@@ -217,12 +278,12 @@ def exchange_inbound(
     send_counts = (eager[me] + HEADER_BYTES).tolist()
     send = _blocks(header, payload, send_counts, mine)
     recv_counts = (eager[:, me] + HEADER_BYTES).tolist()
-    buf = all_to_all(session, send, send_counts, recv_counts, 0, timeout)
+    buf = all_to_all(session, send, send_counts, recv_counts, INBOUND, timeout)
     starts = list(accumulate(recv_counts, initial=0))
     headers = Headers.gather(buf, starts[:-1])
     session.predictor.update(headers, route)
     if headers.versions != {VERSION}:
-        return Raise(
+        return Error(
             MismatchError(
                 f"ranks run different syncreward wire versions ({sorted(hex(v) for v in headers.versions)}). "
                 "HINT: install the same syncreward version on every node."
@@ -230,29 +291,29 @@ def exchange_inbound(
         )
     problem = headers.problem()
     if problem is not None:
-        return Raise(CodecError(f"{problem}. HINT: every rank must run the same syncreward version."))
+        return Error(CodecError(f"{problem}. HINT: every rank must run the same syncreward version."))
     if headers.failed:
-        return report_failures(session, headers.statuses, headers.sizes, error, blob, 0, timeout, function)
+        return report_failures(session, headers.statuses, headers.sizes, error, blob, INBOUND, timeout, function)
     if not headers.agree:
-        return mismatch(session, headers.desc_sizes, description, 0, timeout)
+        return mismatch(session, headers.desc_sizes, description, INBOUND, timeout)
     counts = headers.counts
     dropped = dropped_names(names, droppable, headers.masks) if droppable and headers.any_dropped else frozenset()
     inbound = Inbound(headers, counts, offsets(counts), dropped)
     if route is None:
-        return inbound
+        return Value(inbound)
     sizes = headers.sizes
     senders = np.flatnonzero(route[:, me]).tolist()
     for s in senders:
         at = starts[s] + HEADER_BYTES
         inbound.frames[s] = buf[at : min(at + sizes[s], starts[s + 1])]  # (the eager part, if it did not fit)
     if not (route & (np.asarray(sizes)[:, None] > eager)).any():
-        return inbound  # every payload rode whole in its eager chunk, on every rank
+        return Value(inbound)  # every payload rode whole in its eager chunk, on every rank
     rest = remainder_counts(sizes, eager, route)
     if rest.any():
         out = b"".join(payload[int(eager[me, d]) :] if rest[me, d] else b"" for d in range(w) if d in mine)
         recv = rest[:, me].tolist()
-        parts = split(all_to_all(session, out, rest[me].tolist(), recv, 0, timeout), recv)
+        parts = split(all_to_all(session, out, rest[me].tolist(), recv, INBOUND, timeout), recv)
         for s in range(w):
             if recv[s]:
                 inbound.frames[s] = inbound.frames[s].tobytes() + parts[s].tobytes()
-    return inbound
+    return Value(inbound)

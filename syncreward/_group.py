@@ -49,9 +49,10 @@ import torch
 
 from ._binding import Bound
 from ._exchange import Inbound
-from ._modes._base import Call, GatherMode, Mode, Scoring
-from ._session import Raise, Session
-from ._wire import error_blob
+from ._modes._base import Call, GatherMode, GatherScoring, Mode, Payload
+from ._options import Options
+from ._outcome import Error, Outcome, Value
+from ._session import Session
 
 __all__ = ["GroupMode", "RewardGroup"]
 
@@ -77,7 +78,7 @@ class _Kept:
     lengths: dict[str, int]  # column name -> its length then: a list appended to since is new input
     shareable: bool  # every rank's columns proved identity (from the gathered headers: agreed)
     inbound: Inbound
-    values: dict[str, Any] | Exception | None  # the global columns where this rank scores (or why it has none)
+    values: Value[dict[str, Any]] | Error | None  # the global columns where this rank scores (or why it has none)
 
     def matches(self, bound: Bound) -> bool:
         if not self.shareable or bound.step != self.step:
@@ -89,11 +90,11 @@ class _Kept:
                 return False  # this member names a column the earlier call left behind: it must travel now
         return True
 
-    def values_copy(self) -> dict[str, Any] | Exception | None:
+    def values_copy(self) -> Value[dict[str, Any]] | Error | None:
         """Each member gets its own lists, so one that edits its input in place cannot change another's."""
-        if not isinstance(self.values, dict):
+        if not isinstance(self.values, Value):
             return self.values
-        return {k: list(v) if isinstance(v, list) else v for k, v in self.values.items()}
+        return Value({k: list(v) if isinstance(v, list) else v for k, v in self.values.value.items()})
 
 
 class RewardGroup:
@@ -118,7 +119,7 @@ class RewardGroup:
             self._kept.pop(session, None)
 
 
-class GroupMode(Mode):
+class GroupMode(Mode[GatherScoring]):
     """A gathering mode whose calls reuse the columns an earlier call of the group gathered (see the module)."""
 
     def __init__(self, base: GatherMode, group: RewardGroup) -> None:
@@ -126,39 +127,38 @@ class GroupMode(Mode):
         self.group = group
         self.name = base.name
 
-    def prepare(self, call: Call) -> None:
-        pass  # encoding waits for the inbound turn: a hit sends nothing
+    def check(self, options: Options) -> None:
+        self.base.check(options)
 
-    def inbound(self, call: Call) -> Scoring | Raise:
+    def prepare(self, call: Call) -> Payload:
+        return Payload()  # encoding waits for the inbound turn: a hit sends nothing
+
+    def inbound(self, call: Call, own: Outcome[Payload]) -> Value[GatherScoring] | Error:
         base, session = self.base, call.session
         kept = self.group.kept(session)
-        if call.error is None and call.bound is not None and kept is not None and kept.matches(call.bound):
+        if isinstance(own, Value) and call.bound is not None and kept is not None and kept.matches(call.bound):
             self.group.hits += 1
-            call.dropped = kept.inbound.dropped
-            scoring = base.scoring_for(call, kept.inbound, kept.values_copy())
-            scoring.shared = True  # no inbound exchange checked this call: its result exchange must
-            return scoring
+            # no inbound exchange checked this call: its result exchange must (``shared``)
+            return Value(base.scoring_for(call, kept.inbound, kept.values_copy(), shared=True))
         self.group.misses += 1
-        if call.error is None:
-            try:
-                base.prepare(call)
-            except Exception as e:
-                call.error, call.blob = e, error_blob(e)
+        if isinstance(own, Value):
+            own = call.prepare_with(base)
         proves = call.bound is not None and all(proves_identity(c.values) for c in call.bound.columns)
-        got = call.exchange(call.frame, base.route(call.world_size), aux=int(proves))
-        if isinstance(got, Raise):
+        got = call.exchange(own, base.route(call.world_size), aux=int(proves))
+        if isinstance(got, Error):
             self.group.forget(session)
             return got
-        values = base.gather(call, got)
+        inbound = got.value
+        values = base.gather(call, inbound)
         if call.bound is not None:
             # kept on every rank whatever happens next, so that every rank decides the next calls alike (a
             # merge that failed here is kept too: a hit then fails, and fails on every rank)
             local = {c.name: c.values for c in call.bound.columns}
             lengths = {c.name: len(c.values) for c in call.bound.columns}
-            kept = _Kept(call.bound.step, local, lengths, all(got.headers.aux), got, values)
+            kept = _Kept(call.bound.step, local, lengths, all(inbound.headers.aux), inbound, values)
             self.group.keep(session, kept)
             values = kept.values_copy()
-        return base.scoring_for(call, got, values)
+        return Value(base.scoring_for(call, inbound, values))
 
-    def outbound(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
-        return self.base.outbound(call, scoring, result, error)
+    def outbound(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
+        return self.base.outbound(call, scoring, result)

@@ -34,7 +34,7 @@ from typing import Any
 
 from .backends import _context_backend
 
-__all__ = ["Identity", "call_site", "features", "plain_repr", "reward_target", "unwrap"]
+__all__ = ["Identity", "call_site", "features", "plain_repr", "innermost", "reward_target"]
 
 MAX_REPR = 2048  # characters of plain configuration written out per reward; the rest is summarised
 _MAX_ITEMS = 64  # items of a list/tuple/dict written out; longer ones also carry their length
@@ -86,7 +86,7 @@ def _qualified(target: Any) -> str:
     return f"{module}.{name}" if isinstance(module, str) else name
 
 
-def unwrap(fn: Any) -> Any:
+def innermost(fn: Any) -> Any:
     """The callable behind ``functools.partial`` layers."""
     while isinstance(fn, functools.partial):
         fn = fn.func
@@ -99,7 +99,7 @@ def reward_target(fn: Any) -> tuple[Any, Any]:
     A function names itself; a bound method, its function (configured by its object); a callable
     instance, its class (configured by the instance). Never ``repr()``: that holds a memory address.
     """
-    inner = unwrap(fn)
+    inner = innermost(fn)
     owner = getattr(inner, "__self__", None)
     target = getattr(inner, "__func__", inner)  # bound method -> its function
     if owner is not None and not inspect.ismodule(owner):

@@ -26,9 +26,10 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
-from ._modes._base import Call, Scoring, Spec
-from ._session import Raise, call_words, reason_of, session_for, stuck_error
-from ._wire import error_blob
+from ._modes._base import Call, Payload, Scoring, Spec
+from ._outcome import Error, Outcome, Value, capture
+from ._session import call_words, reason_of, session_for, stuck_error
+from ._wire import INBOUND, OUTBOUND
 from .backends import Backend
 
 __all__ = ["call_async", "call_sync", "nested"]
@@ -52,73 +53,79 @@ def _scoring() -> Iterator[None]:
 
 def _open(
     spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str, is_async: bool
-) -> Call:
+) -> tuple[Call, Outcome[Payload]]:
     session = session_for(backend, spec.name)
     seq, problem = session.open(is_async)
-    call = Call(spec, session, seq, site)
     try:
-        call.prepare(spec.impl, args, kwargs, problem)
+        return Call.open(spec, session, seq, site, args, kwargs, problem)
     except BaseException:  # KeyboardInterrupt while binding: the sequence number is taken, so finish the call
-        _abandon(call, None, KeyboardInterrupt("synced call interrupted while preparing"))
+        _abandon(
+            Call.unbound(spec, session, seq, site), None, KeyboardInterrupt("synced call interrupted while preparing")
+        )
         raise
-    return call
+
+
+def _score(fn: Callable[..., Any], scoring: Scoring) -> Outcome[Any]:
+    """The function's outcome where this rank scores (``Value(None)`` elsewhere; its inputs' failure as is)."""
+    if scoring.inputs is None:
+        return Value(None)
+    if isinstance(scoring.inputs, Error):
+        return scoring.inputs
+    args, kwargs = scoring.inputs.value
+    with _scoring():
+        return capture(fn, *args, **kwargs)  # any exception travels to the other ranks, then is raised here
 
 
 def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
     """Make one synced call of a plain function (called from ``site``) and return this rank's results."""
-    call = _open(spec, backend, args, kwargs, site, is_async=False)
+    call, own = _open(spec, backend, args, kwargs, site, is_async=False)
     session, mode, seq, name = call.session, spec.impl, call.seq, spec.name
     try:
         try:
-            scoring: Scoring = session.step(0, seq, lambda: mode.inbound(call), call.timeout, name)
+            scoring = session.step(INBOUND, seq, lambda: mode.inbound(call, own), call.timeout, name)
         except BaseException:
-            session.skip(1, seq)
+            session.skip(OUTBOUND, seq)
             raise
-        result, error = None, scoring.error
-        if scoring.scores and error is None:
-            try:
-                with _scoring():
-                    result = spec.fn(*scoring.args, **scoring.kwargs)
-            except BaseException as e:  # travels to the other ranks, then re-raised here by outbound
-                error = e
-        return session.step(1, seq, lambda: mode.outbound(call, scoring, result, error), call.timeout, name)
+        result = _score(spec.fn, scoring)
+        return session.step(OUTBOUND, seq, lambda: mode.outbound(call, scoring, result), call.timeout, name)
     finally:
         session.close(seq)
 
 
-async def call_async(
-    spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str
-) -> Any:
+async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
     """Make one synced call of an ``async`` function (from ``site``); its exchanges never block the event loop."""
-    call = _open(spec, backend, args, kwargs, site, is_async=True)
+    call, own = _open(spec, backend, args, kwargs, site, is_async=True)
     session, mode, seq, name = call.session, spec.impl, call.seq, spec.name
     fn: Callable[..., Awaitable[Any]] = spec.fn
-    inbound = session.submit(0, seq, lambda: mode.inbound(call), name)
+    inbound = session.submit(INBOUND, seq, lambda: mode.inbound(call, own), name)
     try:
-        scoring: Scoring = _unwrap(await _wait(inbound, call, 0))
+        scoring: Scoring = (await _wait(inbound, call, INBOUND)).unwrap()
     except asyncio.CancelledError as e:
         _abandon(call, inbound, e)
         raise
     except BaseException:
-        session.skip(1, seq)
+        session.skip(OUTBOUND, seq)
         session.close(seq)
         raise
-    result, error = None, scoring.error
-    if scoring.scores and error is None:
+    result: Outcome[Any] = Value(None)
+    if isinstance(scoring.inputs, Error):
+        result = scoring.inputs
+    elif scoring.inputs is not None:
+        args_, kwargs_ = scoring.inputs.value
         try:
             with _scoring():
-                result = await fn(*scoring.args, **scoring.kwargs)
+                result = Value(await fn(*args_, **kwargs_))
         except asyncio.CancelledError as e:
             _abandon(call, inbound, e)
             raise
         except BaseException as e:  # travels to the other ranks, then re-raised here by outbound
-            error = e
-    outbound = session.submit(1, seq, lambda: mode.outbound(call, scoring, result, error), name)
+            result = Error(e)
+    outbound = session.submit(OUTBOUND, seq, lambda: mode.outbound(call, scoring, result), name)
     session.close(seq)
-    return _unwrap(await _wait(outbound, call, 1))
+    return (await _wait(outbound, call, OUTBOUND)).unwrap()
 
 
-async def _wait(fut: Future[Any], call: Call, channel: int) -> Any:
+async def _wait(fut: Future[Outcome[Any]], call: Call, channel: int) -> Outcome[Any]:
     """Await a submitted step; a step whose turn does not come within the timeout breaks the session."""
     wrapped = asyncio.wrap_future(fut)
     try:
@@ -131,13 +138,7 @@ async def _wait(fut: Future[Any], call: Call, channel: int) -> Any:
     raise error
 
 
-def _unwrap(out: Any) -> Any:
-    if isinstance(out, Raise):
-        raise out.error
-    return out
-
-
-def _abandon(call: Call, inbound: Future[Any] | None, error: BaseException) -> None:
+def _abandon(call: Call, inbound: Future[Outcome[Any]] | None, error: BaseException) -> None:
     """Finish an abandoned call's exchanges in the background, with ``error`` as its outcome.
 
     The other ranks then raise (a ``RemoteError`` naming the cancellation) instead of waiting for this
@@ -146,14 +147,14 @@ def _abandon(call: Call, inbound: Future[Any] | None, error: BaseException) -> N
     session, mode, seq, name = call.session, call.spec.impl, call.seq, call.spec.name
     session.close(seq)
     if inbound is None:
-        call.error, call.blob = error, error_blob(error)
-        inbound = session.submit(0, seq, lambda: mode.inbound(call), name)
+        inbound = session.submit(INBOUND, seq, lambda: mode.inbound(call, Error(error)), name)
 
-    def after_inbound(f: Future[Any]) -> None:
+    def after_inbound(f: Future[Outcome[Any]]) -> None:
         out = None if f.cancelled() or f.exception() is not None else f.result()
-        if isinstance(out, Scoring):
-            session.submit(1, seq, lambda: mode.outbound(call, out, None, error), name)
+        if isinstance(out, Value):
+            scoring = out.value
+            session.submit(OUTBOUND, seq, lambda: mode.outbound(call, scoring, Error(error)), name)
         else:
-            session.skip(1, seq)
+            session.skip(OUTBOUND, seq)
 
     inbound.add_done_callback(after_inbound)

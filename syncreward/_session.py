@@ -38,11 +38,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError
-from ._wire import BASE_CAPACITY, Predictor, ResultPredictor
+from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError, first_line, forked_message
+from ._outcome import Outcome, Value
+from ._wire import Predictor, ResultBlocks
 from .backends import Backend
 
-__all__ = ["Raise", "Session", "call_words", "reason_of", "session_for", "stuck_error"]
+__all__ = ["Session", "call_words", "reason_of", "session_for", "stuck_error"]
 
 T = TypeVar("T")
 
@@ -124,15 +125,6 @@ class _Workers:
 
 # Steps of async calls run here once their turn has come (never before), each at once on its own thread.
 _POOL = _Workers()
-
-
-class Raise:
-    """A step's collective failure: every rank raises it after the step (the turn is released first)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
 
 
 class _Latch:
@@ -263,9 +255,7 @@ class Session:
         self.latch = _Latch()
         self.turns = (Turnstile(self.latch, self.break_), Turnstile(self.latch, self.break_))
         self.predictor = Predictor(self.world_size)
-        # main mode's result blocks: the size every rank's next block has (announced by the previous block)
-        self.result_cap = BASE_CAPACITY
-        self.result_predictor = ResultPredictor()
+        self.result_blocks = ResultBlocks()  # main mode's: the size every rank's next block has
         self._seq = 0
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[int, bool]] = {}  # seq -> (thread id, async)
@@ -276,10 +266,9 @@ class Session:
         """Raise if a call of ``function`` cannot be made here (a forked child; a broken latch)."""
         if os.getpid() != self.pid:
             raise BackendError(
-                f"a synced call of {function!r} was made in a forked child process (pid {os.getpid()}) of the rank "
-                f"that owns syncreward's group (pid {self.pid}); the child cannot take part in the parent's exchanges. "
-                "HINT: make synced calls in the training process itself, not in fork-started workers (a "
-                "DataLoader's workers, multiprocessing with the fork start method)."
+                forked_message(
+                    f"a synced call of {function!r}", os.getpid(), self.pid, "the rank that owns syncreward's group"
+                )
             )
         if self.latch.reason is not None:
             raise self.latch.error(f"a synced call of {function!r}")
@@ -322,7 +311,9 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ steps
 
-    def _guarded(self, seq: int, step: Callable[[], T | Raise], function: str, channel: int) -> Callable[[], T | Raise]:
+    def _guarded(
+        self, seq: int, step: Callable[[], Outcome[T]], function: str, channel: int
+    ) -> Callable[[], Outcome[T]]:
         """``step`` as run in its turn: the one place a backend's failure becomes an error of the call.
 
         A backend says what went wrong with the ranks (``rank(s) [1] did not arrive within timeout=2s``)
@@ -333,7 +324,7 @@ class Session:
         """
         call = call_words(seq, function)
 
-        def run() -> T | Raise:
+        def run() -> Outcome[T]:
             try:
                 return step()
             except CommunicationError as e:
@@ -350,24 +341,26 @@ class Session:
 
         return run
 
-    def step(self, channel: int, seq: int, step: Callable[[], Any], timeout: float, function: str) -> Any:
-        """Run one collective step of call ``seq`` (of ``function``) in its turn, in this thread.
+    def step(self, channel: int, seq: int, step: Callable[[], Outcome[T]], timeout: float, function: str) -> T:
+        """Run one collective step of call ``seq`` (of ``function``) in its turn, in this thread; its value.
 
-        Raises the step's collective failure, or its transport failure in the call's words.
+        Raises the step's collective failure (its ``Error``, after the turn is released), or its transport
+        failure in the call's words.
         """
         guarded = self._guarded(seq, step, function, channel)
-        out = self.turns[channel].run(seq, guarded, timeout, call_words(seq, function))
-        if isinstance(out, Raise):
-            raise out.error
-        return out
+        return self.turns[channel].run(seq, guarded, timeout, call_words(seq, function)).unwrap()
 
-    def submit(self, channel: int, seq: int, step: Callable[[], T | Raise], function: str) -> Future[T | Raise]:
+    def submit(self, channel: int, seq: int, step: Callable[[], Outcome[T]], function: str) -> Future[Outcome[T]]:
         """Run one step in its turn on a worker thread (async calls, and steps finished in the background)."""
         return self.turns[channel].submit(seq, self._guarded(seq, step, function, channel), call_words(seq, function))
 
     def skip(self, channel: int, seq: int) -> None:
         """Give up ``seq``'s turn on ``channel`` without exchanging (every rank skips the same turns)."""
-        self.turns[channel].submit(seq, lambda: None, "")
+        self.turns[channel].submit(seq, _NOTHING, "")
+
+
+def _NOTHING() -> Value[None]:
+    return Value(None)
 
 
 def stuck_error(call: str, timeout: float) -> SyncTimeoutError:
@@ -398,15 +391,7 @@ def _text(e: BaseException) -> str:
 
 def reason_of(e: BaseException) -> str:
     """What a later call says broke the group: the failure's message, without its hint."""
-    return _first_line(e).split(" HINT:")[0].rstrip(". ")
-
-
-def _first_line(e: BaseException) -> str:
-    try:
-        text = str(e).strip()
-    except BaseException:
-        text = ""
-    return text.splitlines()[0] if text else type(e).__name__
+    return first_line(e).split(" HINT:")[0].rstrip(". ")
 
 
 # --------------------------------------------------------------------------------------------- registry

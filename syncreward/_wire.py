@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -38,12 +39,16 @@ from ._codec import encode_value
 __all__ = [
     "FAILED",
     "HEADER_LEN",
+    "INBOUND",
     "NO_STEP",
     "OK",
+    "OUTBOUND",
     "CallCheck",
+    "CallOrder",
     "VERSION",
     "Headers",
     "Predictor",
+    "ResultBlocks",
     "ResultChunk",
     "dropped_names",
     "drop_mask",
@@ -70,6 +75,13 @@ MAX_FIELD = 1 << 40  # no header size or count is larger (1 TiB)
 EAGER_MARGIN = 1.2  # an eager chunk is 1.2x the payload predicted for it: a little growth still fits
 MAX_EAGER = 4 << 20  # payloads up to 4 MiB per pair ride in the header collective
 PREDICTED_CALLS = 64  # functions (fingerprints) whose sizes a session remembers
+
+# The two channels of a session: a call's inputs travel on INBOUND (its channel-0 turn), its results on
+# OUTBOUND (channel 1). Each has its own turn order and, in the torch backend, its own gloo group.
+INBOUND, OUTBOUND = 0, 1
+
+V = TypeVar("V")
+V_any = TypeVar("V_any")
 
 
 def fingerprint(text: str) -> int:
@@ -263,47 +275,63 @@ def remainder_counts(sizes: Sequence[int], eager: np.ndarray, route: np.ndarray 
     return np.where(route, np.maximum(rest, 0), 0).astype(np.int64)
 
 
-class Predictor:
-    """Predicts the eager chunk sizes of the next call from the calls every rank has seen.
+class CallOrder(Generic[V]):
+    """What each function's last call left, and which function followed which: the next call's guess.
 
     TRL calls several rewards per step in a fixed order (accuracy, format, length, ...), each with its
-    own payload size. The predictor remembers, per function (fingerprint), the sizes of its last call
-    and which function followed which; it predicts the next call's chunks as the sizes of the function
-    that followed the previous one last time. Its state changes only through :meth:`update`, with the
-    headers of a call -- identical on every rank -- so every rank predicts the same sizes even when
-    the ranks are about to make *different* calls (that mismatch is then reported, not a gloo abort).
+    own sizes. A ``CallOrder`` remembers, per function (fingerprint), what its last call left (``V``)
+    and which function followed which; it predicts the next call as the function that followed the
+    previous one last time (a function never seen followed: the same function again). Both tables
+    hold at most ``capacity`` functions, dropping the least recently seen.
     """
 
-    def __init__(self, world_size: int, capacity: int = PREDICTED_CALLS) -> None:
-        self.world_size = world_size
+    def __init__(self, capacity: int = PREDICTED_CALLS) -> None:
         self.capacity = capacity
         self.last = 0
         self.after: OrderedDict[int, int] = OrderedDict()
-        self.sizes: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.seen: OrderedDict[int, V] = OrderedDict()
 
-    def predict(self) -> np.ndarray:
-        nxt = self.after.get(self.last, self.last)  # never seen what follows it: the same function again
-        sizes = self.sizes.get(nxt)
-        return sizes if sizes is not None else np.zeros((self.world_size, self.world_size), dtype=np.int64)
-
-    def update(self, headers: Headers, dests: np.ndarray | Dests | None) -> None:
-        """Record a call: ``dests`` is how its mode routes payloads (``None``: no eager payload)."""
-        fp = headers.fp
-        self._put(self.after, self.last, fp)
+    def record(self, fp: int, left: V | None) -> None:
+        """A call of function ``fp`` happened; it left ``left`` (``None``: nothing to remember)."""
+        _lru_put(self.after, self.last, fp, self.capacity)
         self.last = fp
-        if fp and dests is not None:
-            self._put(self.sizes, fp, eager_sizes(headers.sizes, dests))
+        if left is not None:
+            _lru_put(self.seen, fp, left, self.capacity)
 
-    def _put(self, table: OrderedDict, key: int, value: object) -> None:  # type: ignore[type-arg]
-        _lru_put(table, key, value, self.capacity)
+    def predict(self) -> V | None:
+        """What the function expected next left on its last call (``None``: never seen)."""
+        return self.seen.get(self.after.get(self.last, self.last))
 
 
-def _lru_put(table: OrderedDict, key: int, value: object, capacity: int) -> None:  # type: ignore[type-arg]
+def _lru_put(table: OrderedDict[int, V_any], key: int, value: V_any, capacity: int) -> None:
     """Insert as the most recent entry, dropping the oldest past ``capacity``."""
     table[key] = value
     table.move_to_end(key)
     while len(table) > capacity:
         table.popitem(last=False)
+
+
+class Predictor:
+    """Predicts the eager chunk sizes of the next call from the calls every rank has seen.
+
+    The call order (:class:`CallOrder`) of per-pair chunk sizes. Its state changes only through
+    :meth:`update`, with the headers of a call -- identical on every rank -- so every rank predicts
+    the same sizes even when the ranks are about to make *different* calls (that mismatch is then
+    reported, not a gloo abort).
+    """
+
+    def __init__(self, world_size: int, capacity: int = PREDICTED_CALLS) -> None:
+        self.world_size = world_size
+        self.order: CallOrder[np.ndarray] = CallOrder(capacity)
+
+    def predict(self) -> np.ndarray:
+        sizes = self.order.predict()
+        return sizes if sizes is not None else np.zeros((self.world_size, self.world_size), dtype=np.int64)
+
+    def update(self, headers: Headers, dests: np.ndarray | Dests | None) -> None:
+        """Record a call: ``dests`` is how its mode routes payloads (``None``: no eager payload)."""
+        fp = headers.fp
+        self.order.record(fp, eager_sizes(headers.sizes, dests) if fp and dests is not None else None)
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -345,10 +373,11 @@ class ResultChunk:
 
 @dataclass(frozen=True)
 class CallCheck:
-    """What a rank says of its call in a reward group's hit, to every rank: no inbound headers checked it.
+    """What a rank says of its call where no inbound header checked it (a reward group's hit), to every rank.
 
-    Every rank receives every other rank's record in the hit's result exchange, so every rank sees the
-    same set and every rank raises together when the records differ (members called in another order).
+    Every rank receives every other rank's record (``main``: in the hit's result exchange; ``replicate``:
+    in its status round), so every rank sees the same set and every rank raises together when the records
+    differ (members called in another order). ``desc_bytes`` sizes the description every rank then sends.
     """
 
     fp: int
@@ -357,15 +386,23 @@ class CallCheck:
     desc_bytes: int
 
     SIZE = 32
+    FIELDS = 4
     _STRUCT = struct.Struct("<qqqq")
 
+    def fields(self) -> tuple[int, int, int, int]:
+        return (self.fp, self.seq, self.step, self.desc_bytes)
+
+    @classmethod
+    def of_fields(cls, fields: Sequence[int]) -> CallCheck:
+        fp, seq, step, desc = (int(x) for x in fields)
+        return cls(fp, seq, step, max(0, min(desc, MAX_DESC)))
+
     def pack(self) -> bytes:
-        return self._STRUCT.pack(self.fp, self.seq, self.step, self.desc_bytes)
+        return self._STRUCT.pack(*self.fields())
 
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> CallCheck:
-        fp, seq, step, desc = cls._STRUCT.unpack_from(buf)
-        return cls(fp, seq, step, max(0, min(desc, MAX_DESC)))
+        return cls.of_fields(cls._STRUCT.unpack_from(buf))
 
     def same_call(self, other: CallCheck) -> bool:
         return (self.fp, self.seq, self.step) == (other.fp, other.seq, other.step)
@@ -377,28 +414,22 @@ MAX_DESC = 1 << 20  # a call description is a line of text: a larger size in a c
 class ResultPredictor:
     """The scoring rank's guess of the next result blocks' sizes, per function, from their last bodies.
 
-    Like :class:`Predictor`, it follows the order in which functions are called (TRL's rewards of a
-    step), so each call's blocks are sized for *its* function's results. Only the scoring rank uses it;
-    what it predicts reaches the other ranks as each block's ``next_capacity``.
+    The call order (:class:`CallOrder`) of bytes per sample, so each call's blocks are sized for *its*
+    function's results. Only the scoring rank uses it; what it predicts reaches the other ranks as each
+    block's ``next_capacity``.
     """
 
     def __init__(self, capacity: int = PREDICTED_CALLS) -> None:
-        self.capacity = capacity
-        self.last = 0
-        self.after: OrderedDict[int, int] = OrderedDict()
-        self.per_sample: OrderedDict[int, float] = OrderedDict()
+        self.order: CallOrder[float] = CallOrder(capacity)
 
     def update(self, fp: int, bodies: dict[int, int], counts: Sequence[int]) -> None:
         """Record a call's result bodies (bytes per receiving rank)."""
-        _lru_put(self.after, self.last, fp, self.capacity)
-        self.last = fp
         rates = [size / counts[r] for r, size in bodies.items() if counts[r]]
-        if rates:
-            _lru_put(self.per_sample, fp, max(rates), self.capacity)
+        self.order.record(fp, max(rates) if rates else None)
 
     def next_capacities(self, counts: Sequence[int]) -> list[int]:
         """Block sizes for the next call, assuming each rank keeps its sample count (25% headroom)."""
-        rate = self.per_sample.get(self.after.get(self.last, self.last))
+        rate = self.order.predict()
         if rate is None:
             return [BASE_CAPACITY] * len(counts)
         return [min(MAX_CAPACITY, round8(ResultChunk.HEADER + 64 + int(rate * 1.25 * n))) for n in counts]
@@ -406,6 +437,29 @@ class ResultPredictor:
     def next_capacity(self, counts: Sequence[int]) -> int:
         """One block size for every rank's next block (a scatter sends equal blocks): the largest needed."""
         return max(self.next_capacities(counts), default=BASE_CAPACITY)
+
+
+class ResultBlocks:
+    """``mode="main"``'s result blocks on one session: the size every rank's next block has.
+
+    Every block announces the size of the next call's blocks (``next_capacity``, one size for every
+    rank), so every rank knows the size of its next block without agreeing on anything first. The
+    scoring rank predicts it (:class:`ResultPredictor`); every rank takes it up with :meth:`advance`.
+    """
+
+    def __init__(self) -> None:
+        self.capacity = BASE_CAPACITY  # what the previous blocks announced
+        self._predictor = ResultPredictor()
+
+    def announce(self, fp: int, bodies: dict[int, int] | None, counts: Sequence[int]) -> int:
+        """On the scoring rank: learn this call's bodies (``None``: it failed) and size the next blocks."""
+        if bodies is not None:
+            self._predictor.update(fp, bodies, counts)
+        return self._predictor.next_capacity(counts)
+
+    def advance(self, capacity: int) -> None:
+        """The next blocks have ``capacity`` bytes (as this call's blocks announced)."""
+        self.capacity = capacity
 
 
 # --------------------------------------------------------------------------------------------- errors

@@ -197,7 +197,7 @@ def test_prediction_memory_is_bounded() -> None:
     p = Predictor(2, capacity=8)
     for fp in range(1, 100):
         p.update(headers({"fp": fp}, {"fp": fp, "size": 10}), to_all(2))
-    assert len(p.sizes) <= 8 and len(p.after) <= 8
+    assert len(p.order.seen) <= 8 and len(p.order.after) <= 8
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -230,8 +230,8 @@ def test_result_prediction_memory_is_bounded() -> None:
     p = ResultPredictor(capacity=4)
     for fp in range(50):
         p.update(fp, {1: 100}, [0, 10])
-    assert len(p.after) <= 4
-    assert len(p.per_sample) <= 4
+    assert len(p.order.after) <= 4
+    assert len(p.order.seen) <= 4
 
 
 # --------------------------------------------------------------------------------------------- errors

@@ -1,12 +1,27 @@
-"""The modes, by name: who scores which samples, and how inputs and results move (one file each)."""
+"""The modes, by name: who scores which samples, and how inputs and results move (one file each).
+
+Adding a mode is its file (a ``Mode`` subclass: see ``_base``) and its line in :data:`MODES`, with its
+name in :data:`ModeName` (the type checker's copy of the registry's keys, checked against it by
+``tests/test_decorator.py``) -- and in :data:`GatherModeName` too if it gathers the whole batch
+(``GatherMode``: it can then run a reward group).
+"""
 
 from __future__ import annotations
+
+from typing import Any, Literal
 
 from ._base import Mode
 from .main import MainMode
 from .replicate import ReplicateMode
 from .shard import ShardMode
 
-__all__ = ["MODES", "Mode"]
+__all__ = ["MODES", "GatherModeName", "Mode", "ModeName"]
 
-MODES: dict[str, Mode] = {m.name: m for m in (MainMode(), ReplicateMode(), ShardMode())}
+MODES: dict[str, Mode[Any]] = {
+    "main": MainMode(),
+    "replicate": ReplicateMode(),
+    "shard": ShardMode(),
+}
+
+ModeName = Literal["main", "replicate", "shard"]
+GatherModeName = Literal["main", "replicate"]

@@ -1,24 +1,29 @@
-"""What every mode shares: the options of a decorated function, one call's prepared data, the mode contract.
+"""What every mode shares: a decorated function's spec, one call's prepared data, the mode contract.
 
-A mode decides who scores which samples and how inputs and results move. It implements three hooks,
-which the lifecycle (``_lifecycle``) calls in this order, each exactly once per call:
+A mode decides who scores which samples and how inputs and results move. It is one file in
+``_modes/`` plus one line in the registry (``_modes/__init__.py``), and implements four hooks. The
+lifecycle (``_lifecycle``) calls the last three in this order, each exactly once per call:
 
-* :meth:`Mode.prepare` -- on the caller's thread, before the call's turn: encode this rank's columns.
-  A failure is recorded on the call (``call.error``) and travels as a status, so every rank raises;
-* :meth:`Mode.inbound` -- in the call's channel-0 turn: exchange inputs; return :class:`Scoring`
-  (whether this rank scores, and with which arguments) or a ``Raise`` that every rank raises;
-* :meth:`Mode.outbound` -- in the call's channel-1 turn: route results (or the error) back to the
-  ranks that own the samples; return this rank's results or a ``Raise``.
+* :meth:`Mode.check` -- at decoration time: the options that are the mode's own (``group_size``);
+* :meth:`Mode.prepare` -- on the caller's thread, before the call's turn: encode this rank's columns
+  into a :class:`Payload`. A failure becomes the call's ``Error`` outcome and travels as a status, so
+  every rank raises;
+* :meth:`Mode.inbound` -- in the call's inbound turn: exchange inputs; return the mode's
+  :class:`Scoring` (whether this rank scores, with which arguments, and the mode's own state for
+  ``outbound``) or an ``Error`` that every rank raises;
+* :meth:`Mode.outbound` -- in the call's outbound turn: route results (or the error) back to the
+  ranks that own the samples; return this rank's results or an ``Error``.
 
-Hooks never raise for a reason that only this rank knows: such failures are statuses on the wire. An
+Every hook returns an outcome (``_outcome``); none raises for a reason that only this rank knows. An
 exception that escapes a hook is a transport failure and breaks the session.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -30,10 +35,14 @@ from .._errors import CodecError, MismatchError
 from .._exchange import SITE, Inbound, exchange_inbound
 from .._identity import Identity
 from .._logs import Logs
-from .._session import Raise, Session
-from .._wire import FAILED, NO_STEP, OK, drop_mask, error_blob, fingerprint, pack_header
+from .._options import Options
+from .._outcome import Error, Outcome, Value
+from .._session import Session
+from .._wire import FAILED, NO_STEP, OK, CallCheck, drop_mask, error_blob, fingerprint, pack_header
 
-__all__ = ["Call", "GatherMode", "Mode", "Scoring", "Spec"]
+__all__ = ["Call", "GatherMode", "GatherScoring", "Mode", "Payload", "Scoring", "Spec"]
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]  # the positional and keyword arguments the function is scored with
 
 
 @dataclass(frozen=True)
@@ -43,132 +52,191 @@ class Spec:
     fn: Callable[..., Any]
     name: str
     identity: Identity  # what tells this reward from its siblings (``_identity``), the same on every rank
-    mode: str
-    timeout: float
-    group_size: int | None
-    group_by: str | None
-    allow_pickle: bool
+    options: Options
     binder: Binder
-    impl: Mode  # the mode object that runs the calls (a reward group's members share one)
+    impl: Mode[Any]  # the mode object that runs the calls (a reward group's members share one)
 
     @property
     def key(self) -> str:
-        group = f", group_size={self.group_size}" if self.group_size else ""
-        group += f", group_by={self.group_by!r}" if self.group_by else ""
-        pickle = ", allow_pickle=True" if self.allow_pickle else ""
-        return f"{self.identity.key()}(mode={self.mode!r}{group}{pickle})"
+        o = self.options
+        group = f", group_size={o.group_size}" if o.group_size else ""
+        group += f", group_by={o.group_by!r}" if o.group_by else ""
+        pickle = ", allow_pickle=True" if o.allow_pickle else ""
+        return f"{self.identity.key()}(mode={o.mode!r}{group}{pickle})"
 
 
+@dataclass(frozen=True)
+class Payload:
+    """What a call sends in its inbound exchange, made by :meth:`Mode.prepare` on the caller's thread."""
+
+    frame: bytes | bytearray = b""  # the encoded columns (or what the mode sends first: shard's group keys)
+    dropped: tuple[str, ...] = ()  # the ``**kwargs`` columns this rank leaves behind (non-plain data)
+
+
+@dataclass(frozen=True, eq=False)
 class Call:
-    """One synced call on this rank: its sequence number, bound arguments, encoded payload, header fields."""
+    """One synced call on this rank, as prepared before its turn: never changed afterwards.
 
-    def __init__(self, spec: Spec, session: Session, seq: int, site: str) -> None:
-        self.spec = spec
-        self.session = session
-        self.seq = seq
-        self.site = site  # where the call comes from (``_identity.call_site``): part of the fingerprint
-        self.rank = session.rank
-        self.world_size = session.world_size
-        self.error: BaseException | None = None  # this rank's own failure before the exchange
-        self.bound: Bound | None = None
-        self.names: list[str] = []
-        self.droppable: frozenset[str] = frozenset()
-        self.frame: bytes | bytearray = b""
-        self.dropped_local: list[str] = []
-        self.dropped: frozenset[str] = frozenset()  # left behind on some rank (from the gathered headers)
-        self.step = NO_STEP
-        self.fp = 0
-        self.description = ""
-        self.blob = b""
+    Built by :meth:`open`, with what the call's own preparation produced (its :class:`Payload`, or this
+    rank's failure) returned beside it, not stored in it: the lifecycle hands that outcome to
+    :meth:`Mode.inbound`.
+    """
 
-    def prepare(self, mode: Mode, args: tuple[Any, ...], kwargs: dict[str, Any], problem: str | None) -> None:
+    spec: Spec
+    session: Session
+    seq: int
+    site: str  # where the call comes from (``_identity.call_site``): part of the fingerprint
+    bound: Bound | None  # None: binding the arguments failed
+    fp: int
+    description: str
+
+    @classmethod
+    def open(
+        cls,
+        spec: Spec,
+        session: Session,
+        seq: int,
+        site: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        problem: str | None,
+    ) -> tuple[Call, Value[Payload] | Error]:
+        """Bind the arguments, fingerprint the call, let the mode prepare its payload (or fail: an ``Error``)."""
         try:
             if problem is not None:
                 raise MismatchError(problem)
-            self.bound = self.spec.binder.bind(args, kwargs)
-            self.names = [c.name for c in self.bound.columns]
-            self.droppable = self.bound.droppable
-            self.step = self.bound.step
-            mode.prepare(self)
+            bound = spec.binder.bind(args, kwargs)
         except Exception as e:
-            self.error = e
-        cols = ", ".join(f"{c.name}:{CONTAINERS[c.container]}" for c in self.bound.columns) if self.bound else "?"
-        schema = f"{self.spec.key} per-sample columns [{cols}]{SITE}{self.site}"
-        self.fp = fingerprint(schema)
-        step = f" at step {self.step}" if self.step != NO_STEP else ""
-        self.description = f"call #{self.seq}{step}: {schema}"
-        self.blob = error_blob(self.error) if self.error is not None else b""
+            return cls.unbound(spec, session, seq, site), Error(e)
+        call = cls._of(spec, session, seq, site, bound)
+        return call, call.prepare_with(spec.impl)
+
+    @classmethod
+    def unbound(cls, spec: Spec, session: Session, seq: int, site: str) -> Call:
+        """A call whose arguments could not be bound (it can only fail, on every rank)."""
+        return cls._of(spec, session, seq, site, None)
+
+    @classmethod
+    def _of(cls, spec: Spec, session: Session, seq: int, site: str, bound: Bound | None) -> Call:
+        cols = ", ".join(f"{c.name}:{CONTAINERS[c.container]}" for c in bound.columns) if bound else "?"
+        schema = f"{spec.key} per-sample columns [{cols}]{SITE}{site}"
+        step = bound.step if bound is not None else NO_STEP
+        at = f" at step {step}" if step != NO_STEP else ""
+        return cls(spec, session, seq, site, bound, fingerprint(schema), f"call #{seq}{at}: {schema}")
+
+    def prepare_with(self, mode: Mode[Any]) -> Value[Payload] | Error:
+        """``mode.prepare(self)`` as an outcome."""
+        try:
+            return Value(mode.prepare(self))
+        except Exception as e:
+            return Error(e)
+
+    @property
+    def rank(self) -> int:
+        return self.session.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.session.world_size
 
     @property
     def timeout(self) -> float:
-        return self.spec.timeout
+        return self.spec.options.timeout
 
-    def encode(self) -> None:
+    @property
+    def step(self) -> int:
+        return self.bound.step if self.bound is not None else NO_STEP
+
+    @cached_property
+    def names(self) -> list[str]:
+        return [c.name for c in self.bound.columns] if self.bound is not None else []
+
+    @property
+    def droppable(self) -> frozenset[str]:
+        return self.bound.droppable if self.bound is not None else frozenset()
+
+    def check(self) -> CallCheck:
+        """What this rank says of this call where no inbound header checked it."""
+        return CallCheck(self.fp, self.seq, self.step, len(self.description.encode("utf-8", "backslashreplace")))
+
+    def encode(self) -> Payload:
         """Encode every column (``**kwargs`` columns that hold non-plain data are left behind, not refused)."""
         assert self.bound is not None
-        self.frame = encode_frame(
+        dropped: list[str] = []
+        frame = encode_frame(
             self.bound.columns,
             self.bound.n,
-            allow_pickle=self.spec.allow_pickle,
+            allow_pickle=self.spec.options.allow_pickle,
             droppable=self.droppable,
-            dropped=self.dropped_local,
+            dropped=dropped,
         )
+        return Payload(frame, tuple(dropped))
 
-    def exchange(self, payload: bytes | bytearray, route: np.ndarray | None, aux: int = 0) -> Inbound | Raise:
-        """The inbound exchange of this call (``_exchange.exchange_inbound``); sets :attr:`dropped`."""
-        if self.error is not None:
-            payload = b""
-        got = exchange_inbound(
+    def exchange(self, own: Outcome[Payload], route: np.ndarray | None, aux: int = 0) -> Value[Inbound] | Error:
+        """The inbound exchange of this call (``_exchange.exchange_inbound``).
+
+        ``own`` is this call's payload, or this rank's failure (which then travels instead); the payload
+        goes where ``route`` says (``None``: no payload travels, only the header).
+        """
+        payload: bytes | bytearray
+        dropped: tuple[str, ...]
+        if isinstance(own, Error):
+            error: BaseException | None = own.error
+            blob, payload, dropped = error_blob(own.error), b"", ()
+        else:
+            error, blob, dropped = None, b"", own.value.dropped
+            payload = own.value.frame if route is not None else b""
+        header = pack_header(
+            seq=self.seq,
+            status=OK if error is None else FAILED,
+            fp=self.fp,
+            step=self.step,
+            n=self.bound.n if self.bound is not None and error is None else 0,
+            size=len(payload) if error is None else len(blob),
+            desc=len(self.description.encode("utf-8", "backslashreplace")),
+            aux=aux,
+            mask=drop_mask(self.names, dropped),
+        )
+        return exchange_inbound(
             self.session,
-            header=self.header(len(payload), aux),
+            header=header,
             payload=payload,
             route=route,
-            error=self.error,
-            blob=self.blob,
+            error=error,
+            blob=blob,
             description=self.description,
             names=self.names,
             droppable=self.droppable,
             timeout=self.timeout,
             function=self.spec.name,
         )
-        if not isinstance(got, Raise):
-            self.dropped = got.dropped
-        return got
-
-    def header(self, payload_bytes: int, aux: int = 0) -> bytes:
-        ok = self.error is None
-        return pack_header(
-            seq=self.seq,
-            status=OK if ok else FAILED,
-            fp=self.fp,
-            step=self.step,
-            n=self.bound.n if self.bound is not None and ok else 0,
-            size=payload_bytes if ok else len(self.blob),
-            desc=len(self.description.encode("utf-8", "backslashreplace")),
-            aux=aux,
-            mask=drop_mask(self.names, self.dropped_local),
-        )
 
     def merge(
-        self, frames: Mapping[int, Any], rows: Mapping[int, int], own: Callable[[Any, int], Any]
+        self,
+        inbound: Inbound,
+        frames: Mapping[int, Any],
+        rows: Mapping[int, int],
+        own: Callable[[Any, int], Any],
     ) -> dict[str, Any]:
         """Decode the given ranks' frames and concatenate every column in rank order.
 
         ``rows[s]`` is the number of samples expected from rank ``s`` (in rank order); this rank's own part
         of a column is ``own(values, container)`` (its local column, or the rows of it that stay here).
+        Columns some rank left behind (``inbound.dropped``) are skipped.
         """
         assert self.bound is not None
+        dropped = inbound.dropped
         decoded: dict[int, dict[str, Any]] = {}
         for s in rows:
             if s == self.rank:
                 continue
-            nrows, cols, _ = decode_frame(frames[s], allow_pickle=self.spec.allow_pickle, skip=self.dropped)
+            nrows, cols, _ = decode_frame(frames[s], allow_pickle=self.spec.options.allow_pickle, skip=dropped)
             if nrows != rows[s]:
                 raise CodecError(f"rank {s} sent {nrows} rows but announced {rows[s]}")
             decoded[s] = {c.name: c.values for c in cols}
         values: dict[str, Any] = {}
         for col in self.bound.columns:
-            if col.name in self.dropped:
+            if col.name in dropped:
                 continue
             parts = []
             for s in rows:
@@ -182,6 +250,16 @@ class Call:
             values[col.name] = concat(col.name, parts, col.container, device)
         return values
 
+    def inputs(
+        self, inbound: Inbound, values: dict[str, Any], proxies: Callable[[], dict[str, Any]]
+    ) -> Value[Inputs] | Error:
+        """The function's arguments: the global ``values``, the log stand-ins, placeholders for dropped columns."""
+        assert self.bound is not None
+        try:
+            return Value(self.bound.call_args({**values, **proxies()}, inbound.dropped))
+        except Exception as e:
+            return Error(e)
+
     def device(self) -> torch.device | None:
         """Where tensors returned to this rank go: the device of its tensor inputs, else the current GPU."""
         if self.bound is not None:
@@ -193,36 +271,55 @@ class Call:
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Scoring:
-    """The outcome of a call's inbound exchange on this rank."""
+    """What a call's inbound exchange gave this rank: whether it scores, and with which arguments.
 
-    scores: bool
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    error: BaseException | None = None  # preparing the scoring inputs failed here: travels as the result
-    logs: Logs | None = None
-    state: Any = None  # the mode's own data for outbound()
-    values: dict[str, Any] | None = None  # the global columns this rank scores (gathering modes)
+    Each mode extends it with the state its :meth:`Mode.outbound` needs.
+    """
+
+    inputs: Value[Inputs] | Error | None  # None: this rank does not score; Error: its inputs failed here
+    logs: Logs | None
+
+    @property
+    def scores(self) -> bool:
+        return self.inputs is not None
+
+
+S = TypeVar("S", bound=Scoring)
+
+
+class Mode(Generic[S]):
+    """A way of spreading a call's scoring over the ranks (see the module docstring); ``S``: its scoring state."""
+
+    name = ""
+    own_options: frozenset[str] = frozenset()  # options only this mode takes (others refuse them)
+
+    def check(self, options: Options) -> None:
+        """Raise ``ValueError`` for options this mode cannot run with (at decoration time)."""
+        for option in ("group_size", "group_by"):
+            if option not in self.own_options and getattr(options, option) is not None:
+                raise ValueError("group_size/group_by only apply to mode='shard'")
+
+    def prepare(self, call: Call) -> Payload:
+        return call.encode()
+
+    def inbound(self, call: Call, own: Outcome[Payload]) -> Value[S] | Error:
+        raise NotImplementedError
+
+    def outbound(self, call: Call, scoring: S, result: Outcome[Any]) -> Outcome[Any]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class GatherScoring(Scoring):
+    """A gathering mode's scoring: the inbound it came from, and whether an earlier call's gather served it."""
+
+    inbound: Inbound
     shared: bool = False  # scored on what an earlier call gathered (a reward group's hit): no headers checked it
 
 
-class Mode:
-    """A way of spreading a call's scoring over the ranks (see the module docstring)."""
-
-    name = ""
-
-    def prepare(self, call: Call) -> None:
-        call.encode()
-
-    def inbound(self, call: Call) -> Scoring | Raise:
-        raise NotImplementedError
-
-    def outbound(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
-        raise NotImplementedError
-
-
-class GatherMode(Mode):
+class GatherMode(Mode[GatherScoring]):
     """A mode whose scoring ranks get the whole batch (``main``, ``replicate``): one gather, then score.
 
     Subclasses say where payloads go (:meth:`route`), who scores (:meth:`scores_here`) and what
@@ -240,34 +337,29 @@ class GatherMode(Mode):
     def proxies(self, call: Call, logs: Logs, inbound: Inbound) -> dict[str, Any]:
         raise NotImplementedError
 
-    def inbound(self, call: Call) -> Scoring | Raise:
-        got = call.exchange(call.frame, self.route(call.world_size))
-        if isinstance(got, Raise):
+    def inbound(self, call: Call, own: Outcome[Payload]) -> Value[GatherScoring] | Error:
+        got = call.exchange(own, self.route(call.world_size))
+        if isinstance(got, Error):
             return got
-        return self.scoring_for(call, got, self.gather(call, got))
+        return Value(self.scoring_for(call, got.value, self.gather(call, got.value)))
 
-    def gather(self, call: Call, got: Inbound) -> dict[str, Any] | Exception | None:
-        """The global columns, where this rank scores (``None`` elsewhere; the exception if decoding failed)."""
+    def gather(self, call: Call, got: Inbound) -> Value[dict[str, Any]] | Error | None:
+        """The global columns, where this rank scores (``None`` elsewhere; an ``Error`` if decoding failed)."""
         if not self.scores_here(call):
             return None
         try:
-            return call.merge(got.frames, dict(enumerate(got.counts)), lambda v, c: v)
+            return Value(call.merge(got, got.frames, dict(enumerate(got.counts)), lambda v, c: v))
         except Exception as e:
-            return e
+            return Error(e)
 
-    def scoring_for(self, call: Call, inbound: Inbound, values: dict[str, Any] | Exception | None) -> Scoring:
+    def scoring_for(
+        self, call: Call, inbound: Inbound, values: Value[dict[str, Any]] | Error | None, shared: bool = False
+    ) -> GatherScoring:
         """This rank's scoring inputs: the global ``values`` (or why they could not be had) and log stand-ins."""
-        if not self.scores_here(call):
-            return Scoring(scores=False, state=inbound)
-        assert call.bound is not None
+        if values is None or not self.scores_here(call):
+            return GatherScoring(None, None, inbound, shared)
         logs = Logs(call.bound, call.spec.name)
-        scoring = Scoring(scores=True, logs=logs, state=inbound, values=values if isinstance(values, dict) else None)
-        if isinstance(values, Exception):
-            scoring.error = values
-            return scoring
-        try:
-            merged = {**(values or {}), **self.proxies(call, logs, inbound)}
-            scoring.args, scoring.kwargs = call.bound.call_args(merged, call.dropped)
-        except Exception as e:
-            scoring.error = e
-        return scoring
+        if isinstance(values, Error):
+            return GatherScoring(values, logs, inbound, shared)
+        inputs = call.inputs(inbound, values.value, lambda: self.proxies(call, logs, inbound))
+        return GatherScoring(inputs, logs, inbound, shared)

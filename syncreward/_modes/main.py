@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from .._batch import rebuild_result, result_columns, take
-from .._codec import Column, decode_frame, decode_value, encode_frame, is_plain
+from .._batch import rebuild_result, result_columns, take_columns
+from .._codec import decode_frame, decode_value, encode_frame, is_plain
 from .._errors import CodecError, MismatchError, RemoteError
-from .._exchange import Inbound, all_to_all, mismatch, scatter
+from .._exchange import SAME_CALLS, Inbound, all_to_all, disagreement, scatter
 from .._logs import Logs
-from .._session import Raise
-from .._wire import FAILED, OK, CallCheck, ResultChunk, error_blob, split
-from ._base import Call, GatherMode, Scoring
+from .._outcome import Error, Outcome, Value
+from .._wire import FAILED, OK, OUTBOUND, CallCheck, ResultChunk, error_blob, split
+from ._base import Call, GatherMode, GatherScoring, Payload
 
 __all__ = ["MainMode"]
 
@@ -40,20 +40,21 @@ def _to_root(world_size: int) -> np.ndarray:
 class MainMode(GatherMode):
     name = "main"
 
-    def prepare(self, call: Call) -> None:
+    def prepare(self, call: Call) -> Payload:
         if call.rank != ROOT:
-            call.encode()
-            return
+            return call.encode()
         # Rank 0 scores its own columns as passed and sends nothing: it skips encoding, but refuses what the
         # other ranks refuse (a named column of non-plain data) and leaves behind what they leave behind.
         assert call.bound is not None
+        dropped = []
         for col in call.bound.columns:
-            if call.spec.allow_pickle or is_plain(col.values, col.container):
+            if call.spec.options.allow_pickle or is_plain(col.values, col.container):
                 continue
             if col.name in call.droppable:
-                call.dropped_local.append(col.name)
+                dropped.append(col.name)
             else:
                 encode_frame([col], call.bound.n)  # raises the codec's UnsupportedTypeError for this column
+        return Payload(b"", tuple(dropped))
 
     def route(self, world_size: int) -> np.ndarray:
         return _to_root(world_size)
@@ -64,39 +65,40 @@ class MainMode(GatherMode):
     def proxies(self, call: Call, logs: Logs, inbound: Inbound) -> dict[str, Any]:
         return logs.recording()
 
-    def outbound(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
+    def outbound(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
         if call.rank == ROOT:
-            return self._send(call, scoring, result, error)
+            return self._send(call, scoring, result)
         return self._receive(call, scoring)
 
-    def _send(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
-        session, inbound, logs = call.session, scoring.state, scoring.logs
+    def _send(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
+        session, inbound, logs = call.session, scoring.inbound, scoring.logs
         assert logs is not None
         w, counts, offsets = call.world_size, inbound.counts, inbound.offsets
         bodies: dict[int, bytes | bytearray] = {}
         own: Any = None
-        if error is None:
+        error = result.error if isinstance(result, Error) else None
+        if isinstance(result, Value):
             try:
-                keys, cols = result_columns(result, inbound.total, call.spec.name)
+                keys, cols = result_columns(result.value, inbound.total, call.spec.name)
                 logs.check(inbound.total)
                 for r in range(w):
                     rows = slice(offsets[r], offsets[r + 1])
-                    part = [Column(c.name, c.container, take(c.values, c.container, rows)) for c in cols]
+                    part = take_columns(cols, rows)
                     if r == ROOT:
                         own = (rebuild_result(keys, part, None), logs.rows(rows))
                         continue
                     meta = {"keys": keys, "logs": logs.rows(rows)} if keys is not None or logs.records else None
-                    bodies[r] = encode_frame(part, counts[r], allow_pickle=call.spec.allow_pickle, meta=meta)
+                    allow_pickle = call.spec.options.allow_pickle
+                    bodies[r] = encode_frame(part, counts[r], allow_pickle=allow_pickle, meta=meta)
             except Exception as e:
                 error = e
         if error is not None:
             blob = error_blob(error)
             bodies = {r: blob for r in range(w) if r != ROOT}
         status = OK if error is None else FAILED
-        cap = session.result_cap  # what the previous blocks announced (one size for every rank)
-        if status == OK:
-            session.result_predictor.update(call.fp, {r: len(b) for r, b in bodies.items()}, counts)
-        nxt = session.result_predictor.next_capacity(counts)
+        blocks = session.result_blocks
+        cap = blocks.capacity  # what the previous blocks announced (one size for every rank)
+        nxt = blocks.announce(call.fp, {r: len(b) for r, b in bodies.items()} if status == OK else None, counts)
         overflow = any(len(body) > cap - ResultChunk.HEADER for body in bodies.values())
         send = bytearray()
         for r in range(w):  # rank 0's own block is all zeros: a scatter sends every rank one block
@@ -106,57 +108,58 @@ class MainMode(GatherMode):
         if overflow:
             tails = {r: bodies[r][cap - ResultChunk.HEADER :] for r in bodies}
             rest_counts = [len(tails.get(r, b"")) for r in range(w)]
-            all_to_all(session, b"".join(tails.values()), rest_counts, [0] * w, 1, call.timeout)
-        session.result_cap = nxt
-        if checks is not None and _disagree(checks):
-            return _mismatch(call, checks)
+            all_to_all(session, b"".join(tails.values()), rest_counts, [0] * w, OUTBOUND, call.timeout)
+        blocks.advance(nxt)
+        if checks is not None and (wrong := disagreement(session, checks, call.description, OUTBOUND, call.timeout)):
+            return wrong
         if error is not None:
-            return Raise(error)
+            return Error(error)
         try:
             logs.replay(own[1])
         except Exception as e:
-            return Raise(e)
-        return own[0]
+            return Error(e)
+        return Value(own[0])
 
-    def _receive(self, call: Call, scoring: Scoring) -> Any:
-        session, inbound = call.session, scoring.state
+    def _receive(self, call: Call, scoring: GatherScoring) -> Outcome[Any]:
+        session, inbound = call.session, scoring.inbound
         w, me = call.world_size, call.rank
-        cap = session.result_cap
+        blocks = session.result_blocks
+        cap = blocks.capacity
         buf, checks = _results_exchange(call, scoring, None, cap)
         chunk = ResultChunk.unpack(buf.data)
         body = buf[ResultChunk.HEADER : ResultChunk.HEADER + min(chunk.body_bytes, cap - ResultChunk.HEADER)].tobytes()
         if chunk.overflow:
             rest = max(0, chunk.body_bytes - (cap - ResultChunk.HEADER))
             recv = [rest if s == ROOT else 0 for s in range(w)]
-            body += all_to_all(session, b"", [0] * w, recv, 1, call.timeout).tobytes()
-        session.result_cap = chunk.next_capacity
-        if checks is not None and _disagree(checks):
-            return _mismatch(call, checks)
+            body += all_to_all(session, b"", [0] * w, recv, OUTBOUND, call.timeout).tobytes()
+        blocks.advance(chunk.next_capacity)
+        if checks is not None and (wrong := disagreement(session, checks, call.description, OUTBOUND, call.timeout)):
+            return wrong
         try:
             if (chunk.fp, chunk.seq) != (call.fp, call.seq):
-                return Raise(
+                return Error(
                     MismatchError(
                         f"rank {ROOT} sent the results of another synced call than this rank's {call.description}. "
-                        "HINT: every rank must call the same synced functions in the same order."
+                        f"HINT: {SAME_CALLS}."
                     )
                 )
             if chunk.status != OK:
                 info = decode_value(body)
-                return Raise(
+                return Error(
                     RemoteError(ROOT, info["type"], info["message"], info["traceback"], function=call.spec.name)
                 )
-            nrows, cols, meta = decode_frame(body, allow_pickle=call.spec.allow_pickle)
+            nrows, cols, meta = decode_frame(body, allow_pickle=call.spec.options.allow_pickle)
             if nrows != inbound.counts[me]:
                 raise CodecError(f"rank {ROOT} sent {nrows} results for {inbound.counts[me]} samples")
             meta = meta or {}
             Logs(call.bound, call.spec.name).replay(meta.get("logs", ()))
-            return rebuild_result(meta.get("keys"), cols, call.device())
+            return Value(rebuild_result(meta.get("keys"), cols, call.device()))
         except Exception as e:  # everything was exchanged: a local failure, the session stays usable
-            return Raise(e)
+            return Error(e)
 
 
 def _results_exchange(
-    call: Call, scoring: Scoring, blocks: bytearray | None, cap: int
+    call: Call, scoring: GatherScoring, blocks: bytearray | None, cap: int
 ) -> tuple[np.ndarray, list[CallCheck] | None]:
     """Send every rank its ``cap``-byte result block from rank 0; return this rank's block.
 
@@ -167,8 +170,8 @@ def _results_exchange(
     """
     session, me, w = call.session, call.rank, call.world_size
     if not scoring.shared:
-        return scatter(session, blocks or b"", cap, ROOT, 1, call.timeout), None
-    mine = CallCheck(call.fp, call.seq, call.step, len(call.description.encode("utf-8", "backslashreplace")))
+        return scatter(session, blocks or b"", cap, ROOT, OUTBOUND, call.timeout), None
+    mine = call.check()
     head = mine.pack()
     extra = cap if me == ROOT else 0
     send = bytearray()
@@ -179,16 +182,7 @@ def _results_exchange(
                 send += blocks[d * cap : (d + 1) * cap]
     send_counts = [0 if d == me else CallCheck.SIZE + extra for d in range(w)]
     recv_counts = [0 if s == me else CallCheck.SIZE + (cap if s == ROOT else 0) for s in range(w)]
-    parts = split(all_to_all(session, send, send_counts, recv_counts, 1, call.timeout), recv_counts)
+    parts = split(all_to_all(session, send, send_counts, recv_counts, OUTBOUND, call.timeout), recv_counts)
     checks = [mine if s == me else CallCheck.unpack(parts[s][: CallCheck.SIZE].tobytes()) for s in range(w)]
     block = parts[ROOT][CallCheck.SIZE :] if me != ROOT else np.zeros(cap, dtype=np.uint8)
     return block, checks
-
-
-def _disagree(checks: list[CallCheck]) -> bool:
-    """Whether the ranks scored different calls (the same answer on every rank: all hold all checks)."""
-    return any(not c.same_call(checks[0]) for c in checks[1:])
-
-
-def _mismatch(call: Call, checks: list[CallCheck]) -> Raise:
-    return mismatch(call.session, [c.desc_bytes for c in checks], call.description, 1, call.timeout)

@@ -12,14 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from .._batch import rebuild_result, result_columns, take
-from .._codec import Column
-from .._errors import MismatchError
-from .._exchange import Inbound, all_gather, report_failures
+from .._batch import rebuild_result, result_columns, take_columns
+from .._exchange import Inbound, status_round
 from .._logs import Logs
-from .._session import Raise
-from .._wire import FAILED, OK, error_blob
-from ._base import Call, GatherMode, Scoring
+from .._outcome import Error, Outcome, Value
+from .._wire import OUTBOUND
+from ._base import Call, GatherMode, GatherScoring
 
 __all__ = ["ReplicateMode"]
 
@@ -44,30 +42,26 @@ class ReplicateMode(GatherMode):
         lo, hi = inbound.offsets[call.rank], inbound.offsets[call.rank + 1]
         return logs.forwarding(lo, hi, inbound.total)
 
-    def outbound(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
-        got = scoring.state
+    def outbound(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
+        got = scoring.inbound
         own: Any = None
-        if error is None:
+        error = result.error if isinstance(result, Error) else None
+        if isinstance(result, Value):
             try:
-                keys, cols = result_columns(result, got.total, call.spec.name)
-                rows = slice(got.offsets[call.rank], got.offsets[call.rank + 1])
+                keys, cols = result_columns(result.value, got.total, call.spec.name)
                 own = rebuild_result(
-                    keys, [Column(c.name, c.container, take(c.values, c.container, rows)) for c in cols], None
+                    keys, take_columns(cols, slice(got.offsets[call.rank], got.offsets[call.rank + 1])), None
                 )
             except Exception as e:
                 error = e
-        blob = error_blob(error) if error is not None else b""
-        s = all_gather(call.session, [OK if error is None else FAILED, len(blob), call.fp, call.seq], 1, call.timeout)
-        statuses = [int(x) for x in s[:, 0]]
-        if len({(int(a), int(b)) for a, b in s[:, 2:4]}) > 1:  # a reward group's call skips the header check
-            return Raise(
-                MismatchError(
-                    f"ranks made different synced calls at the same point (this rank: {call.description}). "
-                    "HINT: every rank must call the same synced functions in the same order."
-                )
-            )
-        if any(statuses):
-            return report_failures(
-                call.session, statuses, s[:, 1].tolist(), error, blob, 1, call.timeout, call.spec.name
-            )
-        return own
+        # every call's status round carries its check record: a reward group's hit had no inbound header check
+        done = status_round(
+            call.session,
+            error,
+            OUTBOUND,
+            call.timeout,
+            call.spec.name,
+            check=call.check(),
+            description=call.description,
+        )
+        return done if isinstance(done, Error) else Value(own)

@@ -14,18 +14,20 @@ if two differ every rank raises. Dict results are matched by key, never by posit
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._batch import concat, rebuild_result, result_columns, result_signature, take
+from .._batch import concat, rebuild_result, result_columns, result_signature, take, take_columns
 from .._codec import C_LIST, C_TUPLE, Column, decode_frame, encode_frame
 from .._errors import CodecError, InputError
-from .._exchange import all_gather, all_to_all, broadcast_blobs, report_failures
+from .._exchange import Inbound, all_to_all, broadcast_blobs, status_round
 from .._logs import Logs
-from .._session import Raise
-from .._wire import FAILED, OK, error_blob, split
-from ._base import Call, Mode, Scoring
+from .._options import Options
+from .._outcome import Error, Outcome, Value
+from .._wire import INBOUND, OUTBOUND, split
+from ._base import Call, Mode, Payload, Scoring
 
 __all__ = ["ShardMode", "assign_by_key", "assign_by_size"]
 
@@ -101,133 +103,145 @@ class _Shard:
         return cls(local, share, world_size)
 
 
-class ShardMode(Mode):
-    name = "shard"
+@dataclass(frozen=True)
+class ShardScoring(Scoring):
+    """Shard mode's scoring: the call's routing, which its outbound exchange follows back."""
 
-    def prepare(self, call: Call) -> None:
+    inbound: Inbound
+    plan: _Shard
+
+
+class ShardMode(Mode[ShardScoring]):
+    name = "shard"
+    own_options = frozenset({"group_size", "group_by"})
+
+    def check(self, options: Options) -> None:
+        group_size, group_by = options.group_size, options.group_by
+        if (group_size is None) == (group_by is None):
+            raise ValueError("mode='shard' needs exactly one of group_size=K or group_by='<column>'")
+        if group_size is not None and (
+            isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+        ):
+            raise ValueError(f"group_size must be a positive int, not {group_size!r}")
+
+    def prepare(self, call: Call) -> Payload:
         assert call.bound is not None
-        by = call.spec.group_by
+        by = call.spec.options.group_by
         if by is not None and by not in call.names:
             raise InputError(f"group_by={by!r} is not a per-sample argument of this call (columns: {call.names})")
         # Drop decisions and encodability are checked on the full local frame; the frames actually sent are
         # cut per destination once the assignment is known.
-        call.encode()
-        if by is not None:
-            col = next(c for c in call.bound.columns if c.name == by)
-            call.frame = encode_frame([col], call.bound.n)  # only the group keys travel before the assignment
-        else:
-            call.frame = b""
+        dropped = call.encode().dropped
+        if by is None:
+            return Payload(b"", dropped)
+        col = next(c for c in call.bound.columns if c.name == by)
+        return Payload(encode_frame([col], call.bound.n), dropped)  # only the group keys travel before the plan
 
     # ------------------------------------------------------------------------------------------ inbound
 
-    def inbound(self, call: Call) -> Scoring | Raise:
+    def inbound(self, call: Call, own: Outcome[Payload]) -> Value[ShardScoring] | Error:
         session, w, me = call.session, call.world_size, call.rank
-        key_frame = bytes(call.frame) if call.error is None else b""
-        got = call.exchange(b"", None, aux=len(key_frame))
-        if isinstance(got, Raise):
+        key_frame = bytes(own.value.frame) if isinstance(own, Value) else b""
+        got = call.exchange(own, None, aux=len(key_frame))
+        if isinstance(got, Error):
             return got
+        inbound = got.value
         error: BaseException | None = None
         frames = [b""] * w
         try:
-            if call.spec.group_size is not None:
-                if call.bound is not None and got.counts[me] != call.bound.n:  # (group_by: the key frames check)
-                    raise CodecError(f"this rank's header announced {got.counts[me]} samples for its {call.bound.n}")
-                plan = _Shard.of_size(call.spec.group_size, got.offsets, me, w)
+            group_size = call.spec.options.group_size
+            if group_size is not None:
+                if call.bound is not None and inbound.counts[me] != call.bound.n:  # (group_by: the key frames check)
+                    raise CodecError(
+                        f"this rank's header announced {inbound.counts[me]} samples for its {call.bound.n}"
+                    )
+                plan = _Shard.of_size(group_size, inbound.offsets, me, w)
             else:
-                dest = self._assign_by_key(call, key_frame, got.headers.aux, got.counts)
-                plan = _Shard.of_dest(dest, got.offsets, me, w)
-            frames = self._frames(call, plan)
+                dest = self._assign_by_key(call, key_frame, inbound.headers.aux, inbound.counts)
+                plan = _Shard.of_dest(dest, inbound.offsets, me, w)
+            frames = self._frames(call, inbound, plan)
         except Exception as e:
             error = e
-        blob = error_blob(error) if error is not None else b""
-        sizes = all_gather(
-            session, [OK if error is None else FAILED, len(blob), *(len(f) for f in frames)], 0, call.timeout
-        )
-        statuses = [int(x) for x in sizes[:, 0]]
-        if any(statuses):
-            return report_failures(
-                session, statuses, sizes[:, 1].tolist(), error, blob, 0, call.timeout, call.spec.name
-            )
+        sizes = status_round(session, error, INBOUND, call.timeout, call.spec.name, extra=[len(f) for f in frames])
+        if isinstance(sizes, Error):
+            return sizes
         send_counts = [0 if d == me else len(frames[d]) for d in range(w)]
-        recv_counts = [0 if s == me else int(sizes[s, 2 + me]) for s in range(w)]
+        recv_counts = [0 if s == me else int(sizes.value[s, me]) for s in range(w)]
         buf = all_to_all(
-            session, b"".join(frames[d] for d in range(w) if d != me), send_counts, recv_counts, 0, call.timeout
+            session, b"".join(frames[d] for d in range(w) if d != me), send_counts, recv_counts, INBOUND, call.timeout
         )
+        if not plan.share:
+            return Value(ShardScoring(None, Logs(call.bound, call.spec.name), inbound, plan))
         logs = Logs(call.bound, call.spec.name)
-        scoring = Scoring(scores=bool(plan.share), logs=logs, state=(got, plan))
-        if scoring.scores:
-            try:
-                parts = dict(enumerate(split(buf, recv_counts)))
-                values = call.merge(parts, plan.share, lambda v, c: take(v, c, plan.sent[me]))
-                assert call.bound is not None
-                scoring.args, scoring.kwargs = call.bound.call_args({**values, **logs.recording()}, call.dropped)
-            except Exception as e:
-                scoring.error = e
-        return scoring
+        try:
+            parts = dict(enumerate(split(buf, recv_counts)))
+            values = call.merge(inbound, parts, plan.share, lambda v, c: take(v, c, plan.sent[me]))
+        except Exception as e:
+            return Value(ShardScoring(Error(e), logs, inbound, plan))
+        return Value(ShardScoring(call.inputs(inbound, values, logs.recording), logs, inbound, plan))
 
     def _assign_by_key(self, call: Call, key_frame: bytes, sizes: list[int], counts: list[int]) -> list[int]:
         keys: list[Any] = []
-        for s, blob in enumerate(broadcast_blobs(call.session, key_frame, sizes, 0, call.timeout)):
+        for s, blob in enumerate(broadcast_blobs(call.session, key_frame, sizes, INBOUND, call.timeout)):
             nrows, cols, _ = decode_frame(blob)
             if nrows != counts[s] or len(cols) != 1:
                 raise CodecError(f"rank {s} sent a malformed group_by column")
             values = cols[0].values
             keys.extend(values.tolist() if hasattr(values, "tolist") else values)
-        return assign_by_key(keys, call.world_size, str(call.spec.group_by))
+        return assign_by_key(keys, call.world_size, str(call.spec.options.group_by))
 
-    def _frames(self, call: Call, plan: _Shard) -> list[bytes]:
+    def _frames(self, call: Call, inbound: Inbound, plan: _Shard) -> list[bytes]:
         assert call.bound is not None
-        cols = [c for c in call.bound.columns if c.name not in call.dropped]
+        cols = [c for c in call.bound.columns if c.name not in inbound.dropped]
         frames = []
         for d, idx in enumerate(plan.sent):
             if d == call.rank or not idx:
                 frames.append(b"")
                 continue
-            part = [Column(c.name, c.container, take(c.values, c.container, idx)) for c in cols]
-            frames.append(bytes(encode_frame(part, len(idx), allow_pickle=call.spec.allow_pickle)))
+            part = take_columns(cols, idx)
+            frames.append(bytes(encode_frame(part, len(idx), allow_pickle=call.spec.options.allow_pickle)))
         return frames
 
     # ------------------------------------------------------------------------------------------ outbound
 
-    def outbound(self, call: Call, scoring: Scoring, result: Any, error: BaseException | None) -> Any:
+    def outbound(self, call: Call, scoring: ShardScoring, result: Outcome[Any]) -> Outcome[Any]:
         session, w, me = call.session, call.world_size, call.rank
-        _, plan = scoring.state
-        logs = scoring.logs
+        plan, logs = scoring.plan, scoring.logs
         assert logs is not None
         frames: list[bytes] = [b""] * w
         own: tuple[list[Column], dict[str, Any]] | None = None
         signature = 0
-        if error is None and scoring.scores:
+        error = result.error if isinstance(result, Error) else None
+        if isinstance(result, Value) and scoring.scores:
             try:
                 n = sum(plan.share.values())
-                keys, cols = result_columns(result, n, call.spec.name)
+                keys, cols = result_columns(result.value, n, call.spec.name)
                 signature = result_signature(keys, cols)
                 logs.check(n)
                 pos = 0
                 for s in range(w):  # every rank gets a frame, empty or not: it rebuilds its result's shape from it
                     count = plan.share.get(s, 0)
                     rows = slice(pos, pos + count)
-                    part = [Column(c.name, c.container, take(c.values, c.container, rows)) for c in cols]
+                    part = take_columns(cols, rows)
                     meta = {"keys": keys, "logs": logs.rows(rows)}
                     if s == me:
                         own = (part, meta)
                     else:
-                        frames[s] = bytes(encode_frame(part, count, allow_pickle=call.spec.allow_pickle, meta=meta))
+                        allow_pickle = call.spec.options.allow_pickle
+                        frames[s] = bytes(encode_frame(part, count, allow_pickle=allow_pickle, meta=meta))
                     pos += count
             except Exception as e:
                 error = e
-        blob = error_blob(error) if error is not None else b""
-        row = [OK if error is None else FAILED, len(blob), signature, *(len(f) for f in frames)]
-        sizes = all_gather(session, row, 1, call.timeout)
-        statuses = [int(x) for x in sizes[:, 0]]
-        if any(statuses):
-            return report_failures(
-                session, statuses, sizes[:, 1].tolist(), error, blob, 1, call.timeout, call.spec.name
-            )
-        signatures = {int(x) for x in sizes[:, 2] if int(x)}
+        done = status_round(
+            session, error, OUTBOUND, call.timeout, call.spec.name, extra=[signature, *(len(f) for f in frames)]
+        )
+        if isinstance(done, Error):
+            return done
+        sizes = done.value
+        signatures = {int(x) for x in sizes[:, 0] if int(x)}
         if len(signatures) > 1:
-            scorers = [r for r in range(w) if int(sizes[r, 2])]
-            return Raise(
+            scorers = [r for r in range(w) if int(sizes[r, 0])]
+            return Error(
                 InputError(
                     f"synced function {call.spec.name!r} returned results of different shapes on the scoring ranks "
                     f"{scorers} (dict keys, containers or dtypes differ), so they cannot be put together. HINT: return "
@@ -235,8 +249,8 @@ class ShardMode(Mode):
                 )
             )
         send_counts = [0 if d == me else len(frames[d]) for d in range(w)]
-        recv_counts = [0 if s == me else int(sizes[s, 3 + me]) for s in range(w)]
-        buf = all_to_all(session, b"".join(frames), send_counts, recv_counts, 1, call.timeout)
+        recv_counts = [0 if s == me else int(sizes[s, 1 + me]) for s in range(w)]
+        buf = all_to_all(session, b"".join(frames), send_counts, recv_counts, OUTBOUND, call.timeout)
         try:
             parts: dict[int, tuple[list[Column], dict[str, Any]]] = {}
             for s, frame in enumerate(split(buf, recv_counts)):
@@ -244,13 +258,13 @@ class ShardMode(Mode):
                     if own is not None:
                         parts[s] = own
                 elif len(frame):
-                    nrows, cols, meta = decode_frame(frame.data, allow_pickle=call.spec.allow_pickle)
+                    nrows, cols, meta = decode_frame(frame.data, allow_pickle=call.spec.options.allow_pickle)
                     if nrows != len(plan.sent[s]):
                         raise CodecError(f"rank {s} returned {nrows} results for {len(plan.sent[s])} samples")
                     parts[s] = (cols, meta or {})
-            return self._assemble(call, plan, logs, parts)
+            return Value(self._assemble(call, plan, logs, parts))
         except Exception as e:  # everything was exchanged: a local failure, the session stays usable
-            return Raise(e)
+            return Error(e)
 
     def _assemble(
         self, call: Call, plan: _Shard, logs: Logs, parts: dict[int, tuple[list[Column], dict[str, Any]]]
