@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 import syncreward
 import syncreward.testing
-from syncreward import Backend, BackendError, synced_reward
+from syncreward import Backend, BackendError, synced_reward, synced_rewards
 from syncreward.backends import LocalBackend, resolve_backend
 
 
@@ -146,3 +147,37 @@ def test_containers_pass_through_locally() -> None:
     a = np.arange(3)
     assert synced_reward(lambda x: x * 2)(t).tolist() == [0.0, 2.0, 4.0]
     assert synced_reward(lambda x: x + 1)(a).tolist() == [1, 2, 3]
+
+
+# --------------------------------------------------------------------------------------------- one declaration
+
+
+def _keyword_defaults(fn: Any) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def test_options_signatures_name_the_options_with_their_defaults() -> None:
+    """``synced_reward``'s and ``synced_rewards``' keywords (and the typed overload's) are ``Options``' fields."""
+    import dataclasses
+    import typing
+
+    from syncreward._options import Options
+
+    declared = {f.name: f.default for f in dataclasses.fields(Options)}
+    assert _keyword_defaults(synced_reward) == declared
+    if sys.version_info >= (3, 11):  # typing.get_overloads
+        overloads = [o for o in typing.get_overloads(synced_reward) if _keyword_defaults(o)]
+        assert [_keyword_defaults(o) for o in overloads] == [declared]
+    group = _keyword_defaults(synced_rewards)
+    assert group == {k: v for k, v in declared.items() if k not in ("group_size", "group_by")}
+
+
+def test_mode_names_for_the_type_checker_are_the_registry() -> None:
+    import typing
+
+    from syncreward._modes import MODES, GatherModeName, ModeName
+    from syncreward._modes._base import GatherMode
+
+    assert typing.get_args(ModeName) == tuple(MODES)
+    assert typing.get_args(GatherModeName) == tuple(n for n, m in MODES.items() if isinstance(m, GatherMode))
