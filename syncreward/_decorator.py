@@ -26,7 +26,7 @@ from ._lifecycle import call_async, call_sync, nested
 from ._modes import MODES
 from ._modes._base import GatherMode, Spec
 from ._modes._base import Mode as ModeImpl
-from .backends import Backend, resolve_backend
+from .backends import BACKEND_NAMES, Backend, resolve_backend, unknown_backend_message
 
 __all__ = ["synced_reward", "synced_rewards"]
 
@@ -38,7 +38,6 @@ DEFAULT_TIMEOUT = 1800.0
 """Seconds a rank waits for the others in one exchange step (torch.distributed's default, 30 minutes)."""
 MAX_TIMEOUT = 1e7
 """The longest ``timeout`` accepted (about 115 days): longer waits overflow the transports' clocks."""
-BACKENDS = ("auto", "local", "torch", "accelerate", "ray")
 
 
 def _stable_name(fn: Any) -> str:
@@ -93,8 +92,8 @@ def _check_options(
             f"timeout must be a number of seconds, more than 0 and at most {MAX_TIMEOUT:.0e} (about 115 days), "
             f"not {timeout!r}"
         )
-    if isinstance(backend, str) and backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS} or a Backend object")
+    if isinstance(backend, str) and backend not in BACKEND_NAMES:
+        raise ValueError(unknown_backend_message(backend))
 
 
 @overload
