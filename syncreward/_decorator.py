@@ -26,13 +26,12 @@ from ._modes import MODES, GatherModeName, ModeName
 from ._modes._base import GatherMode, Spec
 from ._modes._base import Mode as ModeImpl
 from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, Options
-from .backends import Backend, resolve_backend
+from .backends import BACKEND_NAMES, Backend, resolve_backend, unknown_backend_message
 
 __all__ = ["synced_reward", "synced_rewards"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-BACKENDS = ("auto", "local", "torch", "accelerate", "ray")
 
 
 def _stable_name(fn: Any) -> str:
@@ -75,8 +74,8 @@ def _check_options(options: Options) -> None:
             f"timeout must be a number of seconds, more than 0 and at most {MAX_TIMEOUT:.0e} (about 115 days), "
             f"not {timeout!r}"
         )
-    if isinstance(backend, str) and backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS} or a Backend object")
+    if isinstance(backend, str) and backend not in BACKEND_NAMES:
+        raise ValueError(unknown_backend_message(backend))
 
 
 @overload

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError, first_line, forked_message
 from ._outcome import Outcome, Value
 from ._wire import Predictor, ResultBlocks
-from .backends import Backend
+from .backends import Backend, on_release
 
 __all__ = ["Session", "call_words", "reason_of", "session_for", "stuck_error"]
 
@@ -399,6 +399,12 @@ def reason_of(e: BaseException) -> str:
 _sessions: weakref.WeakKeyDictionary[Any, Session] = weakref.WeakKeyDictionary()
 _strong: dict[int, tuple[Any, Session]] = {}  # backends that cannot be weakly referenced
 _registry_lock = threading.Lock()
+
+
+@on_release
+def _forget_session(backend: Any) -> None:
+    """A released backend's session goes too (it references the backend, so the weak key would never go)."""
+    _sessions.pop(backend, None)
 
 
 def session_for(backend: Backend, function: str) -> Session:

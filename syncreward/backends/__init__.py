@@ -24,10 +24,11 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from .._errors import BackendError
+from .._errors import BackendError, forked_message
 from ._protocol import Backend
 from .local import LocalBackend
 
@@ -72,14 +73,26 @@ def _env_world_size() -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+_release_hooks: list[Callable[[Any], None]] = []
+
+
+def on_release(hook: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Call ``hook(backend)`` whenever the backend cache releases a backend; returns ``hook`` (a decorator).
+
+    A backend is released when its job or process group is destroyed, or at exit. The layers above
+    register here what they hold per backend (``_session`` drops the backend's session), so that this
+    package never reaches up into them.
+    """
+    _release_hooks.append(hook)
+    return hook
+
+
 def _release_backend(backend: Any) -> None:
     release = getattr(backend, "release", None)
     if release is not None:
         release()
-    # its session (which references it from the value side of a weak-keyed dict, so it would never go)
-    sessions = getattr(sys.modules.get("syncreward._session"), "_sessions", None)
-    if sessions is not None:
-        sessions.pop(backend, None)
+    for hook in _release_hooks:
+        hook(backend)
 
 
 def _release() -> None:
@@ -137,10 +150,9 @@ if hasattr(os, "register_at_fork"):
 def _check_not_forked(kind: str) -> None:
     if _forked_from is not None:
         raise BackendError(
-            f"a synced call (backend {kind!r}) was made in a process forked (pid {os.getpid()}) from a rank of a "
-            f"distributed job (pid {_forked_from}); the child cannot take part in the job's exchanges and must not "
-            "touch its process groups. HINT: make synced calls in the training process itself, not in fork-started "
-            "workers (a DataLoader's workers, multiprocessing with the fork start method)."
+            forked_message(
+                f"a synced call (backend {kind!r})", os.getpid(), _forked_from, "a rank of a distributed job"
+            )
         )
 
 
@@ -209,6 +221,99 @@ def _not_a_thread_rank() -> BackendError:
     )
 
 
+# ============================================================================================ factories
+# One per registered name (the registry below): the backend for a call's options.
+
+
+def _auto(process_group: Any) -> Backend:
+    """``backend="auto"``: the first backend in the documented order (the module docstring)."""
+    override = _context_backend.get()
+    if override is not None:
+        return override
+    if _thread_ranks_running:  # a thread of this process that belongs to no thread-rank
+        raise _not_a_thread_rank()
+    if process_group is not None:
+        return _torch(process_group)
+    if _ray_joined():
+        if _accelerate_active() or _torch_active():
+            raise BackendError(
+                "this process joined a Ray group and torch.distributed is initialised too (e.g. under Ray "
+                "Train), so backend='auto' is ambiguous. HINT: pass backend='ray' to sync over the Ray group, "
+                "or backend='torch' to sync over the torch.distributed job."
+            )
+        return _ray(None)
+    if _accelerate_active():
+        return _accelerate(None)
+    if _torch_active():
+        return _torch(None)
+    ws = _env_world_size()
+    if ws != "1" and ws.isdigit() and int(ws) > 1:
+        raise BackendError(
+            f"WORLD_SIZE={ws} says this is one of several processes, but torch.distributed is not "
+            "initialised, so synced rewards cannot see the other ranks. HINT: call "
+            "torch.distributed.init_process_group() (or create the Accelerator) before the first synced "
+            "call, or pass backend='local' to score each process alone on purpose."
+        )
+    return _LOCAL
+
+
+def _local(process_group: Any) -> Backend:
+    return _LOCAL
+
+
+def _torch(process_group: Any) -> Backend:
+    from .torch_distributed import TorchDistributedBackend
+
+    if not _torch_active():
+        return TorchDistributedBackend(process_group)  # raises the explanatory BackendError
+    return _cached("torch", process_group, lambda: TorchDistributedBackend(process_group))  # type: ignore[no-any-return]
+
+
+def _accelerate(process_group: Any) -> Backend:
+    from .accelerate import accelerate_backend
+
+    if process_group is not None:
+        raise BackendError("process_group= goes with backend='torch', not 'accelerate'")
+    if not _torch_active():
+        return accelerate_backend()  # type: ignore[return-value]
+    return _cached("accelerate", None, accelerate_backend)  # type: ignore[no-any-return]
+
+
+def _ray(process_group: Any) -> Backend:
+    if process_group is not None:
+        raise BackendError("process_group= goes with backend='torch', not 'ray'")
+    from .ray import current_backend
+
+    return current_backend()
+
+
+# ============================================================================================ registry
+# The backend names synced_reward(backend=...) accepts, each with the factory that builds (or fetches from
+# the cache) the backend for a call's options (``process_group``). The decorator's check of backend=, the
+# dispatch in resolve_backend and the "unknown backend" message are all derived from this table. Prose
+# names the entries too: this module's docstring, synced_reward's and docs/concepts.md
+# (tests/test_backend_registry.py checks that they name every entry).
+#
+# To add a backend: write backends/<name>.py (the Backend protocol), add its factory above and one line to
+# _FACTORIES, and name it in that prose. For "auto" to pick it, add a step to _auto and to the order in
+# this module's docstring.
+
+_FACTORIES: dict[str, Callable[[Any], Backend]] = {
+    "auto": _auto,
+    "local": _local,
+    "torch": _torch,
+    "accelerate": _accelerate,
+    "ray": _ray,
+}
+BACKEND_NAMES: tuple[str, ...] = tuple(_FACTORIES)
+"""The names ``synced_reward(backend=...)`` accepts, in the order the docs list them."""
+
+
+def unknown_backend_message(spec: object) -> str:
+    """What a ``backend=`` that names no registered backend is told."""
+    return f"unknown backend {spec!r}; expected one of {BACKEND_NAMES} or a Backend object"
+
+
 _BACKEND_TYPES: set[type] = set()  # classes whose instances passed the Backend protocol check
 
 
@@ -227,59 +332,7 @@ def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
                 )
             _BACKEND_TYPES.add(type(spec))
         return spec
-    if spec == "auto":
-        override = _context_backend.get()
-        if override is not None:
-            return override
-        if _thread_ranks_running:  # a thread of this process that belongs to no thread-rank
-            raise _not_a_thread_rank()
-        ray_groups = _ray_joined() if process_group is None else []
-        if process_group is not None:
-            spec = "torch"
-        elif ray_groups:
-            if _accelerate_active() or _torch_active():
-                raise BackendError(
-                    "this process joined a Ray group and torch.distributed is initialised too (e.g. under Ray "
-                    "Train), so backend='auto' is ambiguous. HINT: pass backend='ray' to sync over the Ray group, "
-                    "or backend='torch' to sync over the torch.distributed job."
-                )
-            spec = "ray"
-        elif _accelerate_active():
-            spec = "accelerate"
-        elif _torch_active():
-            spec = "torch"
-        else:
-            ws = _env_world_size()
-            if ws != "1" and ws.isdigit() and int(ws) > 1:
-                raise BackendError(
-                    f"WORLD_SIZE={ws} says this is one of several processes, but torch.distributed is not "
-                    "initialised, so synced rewards cannot see the other ranks. HINT: call "
-                    "torch.distributed.init_process_group() (or create the Accelerator) before the first synced "
-                    "call, or pass backend='local' to score each process alone on purpose."
-                )
-            return _LOCAL
-    if spec == "local":
-        return _LOCAL
-    if spec == "torch":
-        from .torch_distributed import TorchDistributedBackend
-
-        if not _torch_active():
-            return TorchDistributedBackend(process_group)  # raises the explanatory BackendError
-        return _cached("torch", process_group, lambda: TorchDistributedBackend(process_group))  # type: ignore[no-any-return]
-    if spec == "accelerate":
-        from .accelerate import accelerate_backend
-
-        if process_group is not None:
-            raise BackendError("process_group= goes with backend='torch', not 'accelerate'")
-        if not _torch_active():
-            return accelerate_backend()  # type: ignore[return-value]
-        return _cached("accelerate", None, accelerate_backend)  # type: ignore[no-any-return]
-    if spec == "ray":
-        if process_group is not None:
-            raise BackendError("process_group= goes with backend='torch', not 'ray'")
-        from .ray import current_backend
-
-        return current_backend()
-    raise BackendError(
-        f"unknown backend {spec!r}; expected 'auto', 'local', 'torch', 'accelerate', 'ray' or a Backend object"
-    )
+    factory = _FACTORIES.get(spec)
+    if factory is None:
+        raise BackendError(unknown_backend_message(spec))
+    return factory(process_group)

@@ -55,7 +55,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -65,7 +65,14 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without ray
     raise ImportError("backend='ray' needs the ray package. HINT: pip install 'syncreward[ray]'") from e
 
-from .._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError, timeout_message
+from .._errors import (
+    BackendError,
+    CommunicationError,
+    GroupBrokenError,
+    SyncTimeoutError,
+    first_line,
+    timeout_message,
+)
 
 __all__ = ["RayBackend", "current_backend", "destroy", "join", "joined_backends"]
 
@@ -337,6 +344,73 @@ def _coordinator_class() -> Any:
     return _actor_class
 
 
+# ============================================================================================ failure table
+# How a failed exchange becomes a syncreward error: the one mapping, applied by RayBackend._failure. A
+# failure is keyed by what the lower layer gives:
+#
+# * an exception type that ``ray.get`` raised: the first key it is an instance of wins, so a subclass goes
+#   above its base (GetTimeoutError and RayActorError are RayErrors);
+# * a status the coordinator replied with (its data is the reason it gives, or ``(missing, reason)``);
+# * a state of this member: ``_UNUSABLE`` (an earlier failure broke the group) and ``_WRONG_SIZE`` (the
+#   reply has another size than the member expects).
+#
+# Each row gives the error class, what later calls on this member say broke the group (``_broken``), and
+# the message. Templates may use {group}, {detail} (the first line of the exception, or the reason),
+# {reply_s} (how long the member waited for the coordinator's reply) and {timeout_message} (the shared
+# words of a timeout that names the missing ranks, ``_errors.timeout_message``). The words say what
+# happened in the group; the session adds which call of which function, on which rank.
+#
+# To add a row: add the key (an exception type is caught automatically) with its error class and two
+# templates.
+
+_UNUSABLE, _WRONG_SIZE = "unusable", "wrong size"
+_HINT_RESTART = "HINT: restart the group's actors, or join a group with a new name."
+
+_FAILURES: dict[type[BaseException] | str, tuple[type[CommunicationError], str, str]] = {
+    GetTimeoutError: (
+        SyncTimeoutError,
+        "the group's coordinator did not reply",
+        "the coordinator of Ray group {group!r} did not reply within {reply_s:g}s. HINT: the coordinator actor is "
+        "overloaded or its node is unreachable; the group is now unusable.",
+    ),
+    RayActorError: (
+        CommunicationError,
+        "the group's coordinator actor died",
+        "Ray group {group!r}: the coordinator actor died ({detail}). HINT: its node may have failed or it was "
+        "killed (ray.kill / destroy()); the group is now unusable.",
+    ),
+    RayError: (
+        CommunicationError,
+        "Ray failed: {detail}",
+        "Ray failed for group {group!r}: {detail}. The group is now unusable.",
+    ),
+    TIMEOUT: (SyncTimeoutError, "{detail}", "{timeout_message}"),
+    BROKEN: (
+        GroupBrokenError,
+        "{detail}",
+        "Ray group {group!r} broke before this rank arrived ({detail}). " + _HINT_RESTART,
+    ),
+    FAILED: (  # also the row of ERROR (the coordinator refused the exchange) and of any other status
+        CommunicationError,
+        "{detail}",
+        "Ray group {group!r} failed: {detail}. HINT: see the failed member's log (an exception, OOM kill or node "
+        "failure); the group is now unusable.",
+    ),
+    _UNUSABLE: (
+        GroupBrokenError,
+        "{detail}",
+        "Ray group {group!r} is unusable after an earlier failure ({detail}). " + _HINT_RESTART,
+    ),
+    _WRONG_SIZE: (
+        CommunicationError,
+        "a member received {detail}",
+        "this member of Ray group {group!r} received {detail}. HINT: the members disagree about the data they "
+        "send; make every member run the same syncreward version.",
+    ),
+}
+_RAISED = tuple(key for key in _FAILURES if isinstance(key, type))  # what _exchange catches from ray.get
+
+
 # ============================================================================================ member side
 
 
@@ -399,55 +473,35 @@ class RayBackend:
         return np.frombuffer(data, dtype=np.uint8)
 
     def _exchange(self, channel: int, kind: int, payload: Any, counts: list[int] | None, timeout: float) -> Any:
-        # the words say what happened in the group; the session adds which call of which function, on which rank
         if self._broken is not None:
-            raise GroupBrokenError(
-                f"Ray group {self.group!r} is unusable after an earlier failure ({self._broken}). "
-                "HINT: restart the group's actors, or join a group with a new name."
-            )
+            raise self._failure(_UNUSABLE, self._broken)
         try:
             ref = self._coord.exchange.remote(self._rank, self._token, channel, kind, payload, counts, timeout)
             status, data = ray.get(ref, timeout=timeout + _REPLY_MARGIN_S if timeout < 1e9 else None)
-        except GetTimeoutError as e:
-            self._broken = "the group's coordinator did not reply"
-            raise SyncTimeoutError(
-                f"the coordinator of Ray group {self.group!r} did not reply within {timeout + _REPLY_MARGIN_S:g}s. "
-                "HINT: the coordinator actor is overloaded or its node is unreachable; the group is now unusable.",
-            ) from e
-        except RayActorError as e:
-            self._broken = "the group's coordinator actor died"
-            raise CommunicationError(
-                f"Ray group {self.group!r}: the coordinator actor died ({_first_line(e)}). HINT: its node may have "
-                "failed or it was killed (ray.kill / destroy()); the group is now unusable."
-            ) from e
-        except RayError as e:
-            self._broken = f"Ray failed: {_first_line(e)}"
-            raise CommunicationError(
-                f"Ray failed for group {self.group!r}: {_first_line(e)}. The group is now unusable."
-            ) from e
+        except _RAISED as e:
+            raise self._failure(next(k for k in _RAISED if isinstance(e, k)), first_line(e), timeout=timeout) from e
         if status == OK:
             return data
-        if status == TIMEOUT:
-            missing, reason = data
-            self._broken = reason
-            raise SyncTimeoutError(timeout_message(missing, timeout, of=f" of Ray group {self.group!r}"), missing)
-        self._broken = str(data)
-        if status == BROKEN:
-            raise GroupBrokenError(
-                f"Ray group {self.group!r} broke before this rank arrived ({data}). HINT: restart the group's actors, "
-                "or join a group with a new name."
-            )
-        raise CommunicationError(
-            f"Ray group {self.group!r} failed: {data}. HINT: see the failed member's log (an exception, OOM kill or "
-            "node failure); the group is now unusable."
-        )
+        missing, reason = data if status == TIMEOUT else ((), data)
+        raise self._failure(status if status in _FAILURES else FAILED, str(reason), missing, timeout)
 
-    def _fail_protocol(self, got: int, want: int) -> None:
-        self._broken = f"a member received {got} bytes where it expected {want}"
-        raise CommunicationError(
-            f"this member of Ray group {self.group!r} received {got} bytes where it expected {want}. HINT: the "
-            "members disagree about the data they send; make every member run the same syncreward version."
-        )
+    def _fail_protocol(self, got: int, want: int) -> NoReturn:
+        raise self._failure(_WRONG_SIZE, f"{got} bytes where it expected {want}")
+
+    def _failure(
+        self, key: type[BaseException] | str, detail: str, missing: Sequence[int] = (), timeout: float = 0.0
+    ) -> CommunicationError:
+        """The error of the ``_FAILURES`` row ``key``; it also marks this member unusable from now on."""
+        error, broken, template = _FAILURES[key]
+        fields = {
+            "group": self.group,
+            "detail": detail,
+            "reply_s": timeout + _REPLY_MARGIN_S,
+            "timeout_message": timeout_message(missing, timeout, of=f" of Ray group {self.group!r}"),
+        }
+        self._broken = broken.format(**fields)
+        message = template.format(**fields)
+        return error(message, missing) if issubclass(error, SyncTimeoutError) else error(message)
 
     # ------------------------------------------------------------------------------------ membership
 
@@ -467,11 +521,6 @@ class RayBackend:
             ray.get(self._coord.leave.remote(self._rank, self._token), timeout=10)
         except Exception:  # the coordinator is gone already
             log.debug("leave(): coordinator of %r unreachable", self.group, exc_info=True)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 _lock = threading.Lock()

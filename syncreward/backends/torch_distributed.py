@@ -18,9 +18,9 @@ that starts an exchange after a long pause (longer than half the timeout) first 
 too: the others may have given up on it while it was away, and it must raise with them rather than
 complete a half-abandoned exchange.
 
-Every failure of the lower layer is translated in one place, :func:`_translate`, into words about the
-ranks; the session above (not this backend) adds which call of which function it was, and remembers
-that the group broke.
+Every failure of the lower layer is translated in one place, the ``_FAILURES`` table applied by
+:func:`_translate`, into words about the ranks; the session above (not this backend) adds which call of
+which function it was, and remembers that the group broke.
 
 Names every member agrees on
 ----------------------------
@@ -58,13 +58,20 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .._errors import BackendError, CommunicationError, SyncTimeoutError, late_message, timeout_message
+from .._errors import (
+    BackendError,
+    CommunicationError,
+    SyncTimeoutError,
+    first_line,
+    late_message,
+    timeout_message,
+)
 
 __all__ = ["TorchDistributedBackend"]
 
@@ -103,45 +110,74 @@ def _gloo_group(store: Any, rank: int, size: int, timeout: float, ranks: Sequenc
     return group
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+# ============================================================================================ failure table
+# How a failure of torch.distributed / gloo becomes a syncreward error: the one mapping, applied by
+# _translate. gloo reports almost every failure as a RuntimeError whose only distinguishing mark is its
+# text, so a row matches an exception type *or* a substring of the lowercased message; rows are tried in
+# order, the first match wins, and the last row catches everything else. The words say what happened
+# between the ranks; the session adds which call it was and on which rank.
+#
+# To add a row: insert a _Failure above the catch-all (more specific texts before broader ones). Its
+# template may use {message}, the first line of the lower layer's message.
+
+
+class _Failure(NamedTuple):
+    types: tuple[type[BaseException], ...]  # the lower layer's exception types this row matches
+    texts: tuple[str, ...]  # ... or lowercase substrings of its message
+    error: type[CommunicationError]
+    template: str
+
+    def matches(self, e: BaseException, lowered: str) -> bool:
+        return isinstance(e, self.types) or any(text in lowered for text in self.texts)
+
+
+_FAILURES: tuple[_Failure, ...] = (
+    _Failure(
+        (),
+        ("too many open files",),
+        CommunicationError,
+        "the process ran out of file descriptors ({message}). HINT: syncreward's two gloo groups hold about "
+        "2 x world_size sockets per rank (docs/scale.md): raise `ulimit -n`. The group is now unusable.",
+    ),
+    _Failure(
+        (),
+        ("connection closed by peer", "connection reset by peer"),
+        CommunicationError,
+        "another rank closed its connection to this one: it exited, crashed or was killed. HINT: a rank that made "
+        "fewer synced calls than the others and then finished is one cause (every rank must make the same synced "
+        "calls); otherwise look for a traceback or an OOM kill in the other ranks' logs. The group is now unusable.",
+    ),
+    _Failure(
+        (TimeoutError,),
+        ("timed out", "timeout"),
+        SyncTimeoutError,
+        "the ranks did not finish within timeout= ({message}). HINT: a rank did not arrive in time (hung, still "
+        "busy, dead, or it made fewer synced calls); raise timeout= if the scoring rank legitimately takes longer. "
+        "The group is now unusable.",
+    ),
+    _Failure(  # the catch-all: keep it last
+        (BaseException,),
+        (),
+        CommunicationError,
+        "the connection to the other ranks failed ({message}). HINT: a peer process probably died or was killed "
+        "(look for its traceback or an OOM kill); the group is now unusable.",
+    ),
+)
+
+
+_TIMEOUT = next(row for row in _FAILURES if row.error is SyncTimeoutError)
 
 
 def _is_timeout(e: BaseException) -> bool:
-    text = str(e).lower()
-    return isinstance(e, TimeoutError) or "timed out" in text or "timeout" in text
+    """Whether ``e`` says the lower layer timed out (the table's timeout row matches it on its own)."""
+    return _TIMEOUT.matches(e, str(e).lower())
 
 
 def _translate(e: BaseException) -> CommunicationError:
-    """The one mapping from torch.distributed / gloo failures to syncreward's errors.
-
-    The words say what happened between the ranks; the session adds which call it was and on which rank.
-    """
-    message = _first_line(e)
+    """The syncreward error for a failure of torch.distributed / gloo: the first row of ``_FAILURES`` it matches."""
     lowered = str(e).lower()
-    if "too many open files" in lowered:
-        return CommunicationError(
-            f"the process ran out of file descriptors ({message}). HINT: syncreward's two gloo groups hold about "
-            "2 x world_size sockets per rank (docs/scale.md): raise `ulimit -n`. The group is now unusable."
-        )
-    if "connection closed by peer" in lowered or "connection reset by peer" in lowered:
-        return CommunicationError(
-            "another rank closed its connection to this one: it exited, crashed or was killed. HINT: a rank that "
-            "made fewer synced calls than the others and then finished is one cause (every rank must make the same "
-            "synced calls); otherwise look for a traceback or an OOM kill in the other ranks' logs. The group is now "
-            "unusable."
-        )
-    if _is_timeout(e):
-        return SyncTimeoutError(
-            f"the ranks did not finish within timeout= ({message}). HINT: a rank did not arrive in time (hung, still "
-            "busy, dead, or it made fewer synced calls); raise timeout= if the scoring rank legitimately takes "
-            "longer. The group is now unusable."
-        )
-    return CommunicationError(
-        f"the connection to the other ranks failed ({message}). HINT: a peer process probably died or was killed "
-        "(look for its traceback or an OOM kill); the group is now unusable."
-    )
+    row = next(row for row in _FAILURES if row.matches(e, lowered))
+    return row.error(row.template.format(message=first_line(e)))
 
 
 def _timedelta(seconds: float) -> datetime.timedelta:
@@ -384,7 +420,7 @@ class TorchDistributedBackend:
         if self._store is not None:
             # the store lives in rank 0's process; it may be the one that died
             with contextlib.suppress(Exception):
-                what = _first_line(error).split(" HINT:")[0].rstrip(". ")
+                what = first_line(error).split(" HINT:")[0].rstrip(". ")
                 self._store.set("abort", f"Frank {self._rank} lost its connection to the others ({what})")
         raise error from e
 
