@@ -283,42 +283,85 @@ def failure_body(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def test_failures_raise_on_every_rank_promptly() -> None:
-    results = run_ranks(failure_body, 3, timeout=120)
-    r0, r1, r2 = results
-    # The function raises on the scoring rank: original there, RemoteError naming it elsewhere.
-    assert r0["main_root_raises"][:2] == ("ValueError", "boom on rank 0")
-    for r in (r1, r2):
-        assert r["main_root_raises"][:2] == ("RemoteError", (0, "ValueError", "boom on rank 0"))
-    for key in ("replicate_one_raises", "shard_one_raises"):
-        assert r2[key][:2] == ("ValueError", "boom on rank 2"), r2[key]
-        for r in (r0, r1):
-            assert r[key][:2] == ("RemoteError", (2, "ValueError", "boom on rank 2")), r[key]
-    # every rank raises within seconds, not the 30-minute timeout
-    assert max(r[k][2] for r in results for k in ("main_root_raises", "replicate_one_raises")) < 10
-    for r in results:
-        assert r["usable_after"][0] == "ok"
-        assert r["usable_after_all"][0] == "ok"
-    assert r1["lengths_disagree"][0] == "InputError"
+@pytest.fixture(scope="module")
+def failures() -> list[dict[str, Any]]:
+    """One launch of 3 ranks runs every failure in ``failure_body``; each test below checks one of them."""
+    return run_ranks(failure_body, 3, timeout=120)
+
+
+@pytest.mark.parametrize("case", ["main_root_raises", "replicate_one_raises", "shard_one_raises"])
+def test_a_raising_reward_raises_on_its_rank_and_a_remote_error_naming_it_elsewhere(
+    failures: list[dict[str, Any]], case: str
+) -> None:
+    origin = 0 if case == "main_root_raises" else 2  # main: the scoring rank; replicate/shard: FAIL_ON_RANK=2
+    for r, res in enumerate(failures):
+        if r == origin:
+            assert res[case][:2] == ("ValueError", f"boom on rank {origin}"), (r, res[case])
+        else:
+            assert res[case][:2] == ("RemoteError", (origin, "ValueError", f"boom on rank {origin}")), (r, res[case])
+    if case != "shard_one_raises":  # every rank raises within seconds, not the 30-minute timeout
+        assert max(res[case][2] for res in failures) < 10, [res[case] for res in failures]
+
+
+@pytest.mark.parametrize("case", ["usable_after", "usable_after_all"])
+def test_the_group_is_usable_after_recoverable_failures(failures: list[dict[str, Any]], case: str) -> None:
+    for r, res in enumerate(failures):
+        assert res[case][0] == "ok", (r, res[case])
+
+
+def test_columns_of_different_lengths_raise_input_error_on_that_rank(failures: list[dict[str, Any]]) -> None:
+    r0, r1, _ = failures
+    assert r1["lengths_disagree"][0] == "InputError", r1["lengths_disagree"]
     assert "different lengths" in r1["lengths_disagree"][1]
     assert r0["lengths_disagree"][:2] == ("RemoteError", (1, "syncreward.InputError", r1["lengths_disagree"][1]))
-    assert r2["unsupported"][0] == "UnsupportedTypeError"
+
+
+def test_an_unsupported_object_raises_unsupported_type_error_naming_allow_pickle(
+    failures: list[dict[str, Any]],
+) -> None:
+    r0, _, r2 = failures
+    assert r2["unsupported"][0] == "UnsupportedTypeError", r2["unsupported"]
     assert "allow_pickle" in r2["unsupported"][1]
-    assert r0["unsupported"][1][0] == 2
-    assert r0["wrong_length"][0] == "ResultLengthError"
+    assert r0["unsupported"][1][0] == 2, r0["unsupported"]
+
+
+def test_a_wrong_result_length_raises_result_length_error_on_the_scoring_rank(failures: list[dict[str, Any]]) -> None:
+    r0, r1, _ = failures
+    assert r0["wrong_length"][0] == "ResultLengthError", r0["wrong_length"]
     assert r1["wrong_length"][:2] == ("RemoteError", (0, "syncreward.ResultLengthError", r0["wrong_length"][1]))
-    for r in results:
-        assert r["mismatch_function"][0] == "MismatchError"
-        assert "failing" in r["mismatch_function"][1] and "other_function" in r["mismatch_function"][1]
-        assert r["mismatch_schema"][0] == "MismatchError"
-        assert "solution:list" in r["mismatch_schema"][1]
-        # kwargs-only column with objects: left behind, the function (which ignores it) still works
-        assert r["pickle_refused"][0] == "ok"
-    for r in (r0, r2):
-        kind, missing, seconds = r["timeout"]
-        assert kind == "SyncTimeoutError" and missing == (1,), r["timeout"]
-        assert 2.5 < seconds < 10
-        assert r["broken_after"][0] == "GroupBrokenError"
+
+
+def test_ranks_calling_different_functions_raise_mismatch_error_naming_both(failures: list[dict[str, Any]]) -> None:
+    for r, res in enumerate(failures):
+        assert res["mismatch_function"][0] == "MismatchError", (r, res["mismatch_function"])
+        assert "failing" in res["mismatch_function"][1], (r, res["mismatch_function"])
+        assert "other_function" in res["mismatch_function"][1], (r, res["mismatch_function"])
+
+
+def test_ranks_passing_different_columns_raise_mismatch_error_naming_the_column(
+    failures: list[dict[str, Any]],
+) -> None:
+    for r, res in enumerate(failures):
+        assert res["mismatch_schema"][0] == "MismatchError", (r, res["mismatch_schema"])
+        assert "solution:list" in res["mismatch_schema"][1], (r, res["mismatch_schema"])
+
+
+def test_a_kwargs_only_column_of_objects_is_left_behind_and_the_call_works(failures: list[dict[str, Any]]) -> None:
+    for r, res in enumerate(failures):  # the function (which ignores it) still works
+        assert res["pickle_refused"][0] == "ok", (r, res["pickle_refused"])
+
+
+def test_a_skipped_call_times_out_naming_the_missing_rank(failures: list[dict[str, Any]]) -> None:
+    for r in (0, 2):  # rank 1 never makes the call
+        kind, missing, seconds = failures[r]["timeout"]
+        assert kind == "SyncTimeoutError", (r, failures[r]["timeout"])
+        assert missing == (1,), (r, failures[r]["timeout"])
+        assert 2.5 < seconds < 10, (r, failures[r]["timeout"])
+
+
+def test_after_a_timeout_the_group_is_broken(failures: list[dict[str, Any]]) -> None:
+    for r in (0, 2):
+        assert failures[r]["broken_after"][0] == "GroupBrokenError", (r, failures[r]["broken_after"])
 
 
 # --------------------------------------------------------------------------------------------- columns

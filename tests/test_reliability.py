@@ -3,7 +3,10 @@
 Modes (main, replicate, shard) x backends (torch, accelerate) x world sizes 2-4. Process launches are
 expensive, so one launch runs every recoverable failure of every mode in sequence, and checks after
 each one that the next synced call works; the unrecoverable ones (a timeout, a dead peer) come last in
-a launch, or have a small launch of their own.
+a launch, or have a small launch of their own. Each case of a launch is then its own test item (named by
+the behaviour, with ``<launch>-<mode>-<case>`` ids, so ``-k lengths_disagree`` finds it), checked against
+that one launch's outcomes: a failing case shows its own message and the others still report; a launch
+that fails fails every one of its items, with the ranks' tracebacks.
 
 Every case records each rank's time-to-error. The table is printed at the end of the module (see it
 with ``pytest -s``) and written to ``$SYNCREWARD_RELIABILITY_JSON`` (default
@@ -17,7 +20,9 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +298,89 @@ def record(backend: str, world_size: int, results: list[dict[str, Any]]) -> None
 
 # --------------------------------------------------------------------------------------------- assertions
 
+# One launch per (backend, world size) runs every case (see matrix_body); each case is then its own test item
+# below, so a failing case shows its own message and the others still run.
+
+LAUNCHES = {"torch-W2": ("torch", 2), "accelerate-W3": ("accelerate", 3), "torch-W4": ("torch", 4)}
+SCORING_ELSEWHERE = ("replicate", "shard")  # modes where every rank runs the function (main: only rank 0)
+MISMATCHES = ("different_functions", "different_columns", "different_containers", "different_modes")
+
+
+def case_names(mode: str) -> list[str]:
+    """The cases ``mode_cases`` runs in ``mode``, in order; each is followed by a plain call (``<case>/after``)."""
+    raising = ["raises_on_rank0"] + (["raises_on_last_rank", "raises_on_every_rank"] if mode != "main" else [])
+    return [
+        *raising, "lengths_disagree", "unsupported_object", "custom_reduce_named", "custom_reduce_in_kwargs",
+        "wrong_output_length", *MISMATCHES, "different_order", "tensor_dtypes_disagree", "non_finite",
+        "async_cancelled_while_waiting_on_last_rank", "async_cancelled_in_reward_on_rank0",
+    ]  # fmt: skip
+
+
+@dataclass
+class Matrix:
+    """One launch's per-rank outcomes, or why the launch failed (then every case of that launch fails with it)."""
+
+    launch: str
+    world_size: int
+    marker_dir: Path
+    results: list[dict[str, Any]] = field(default_factory=list)
+    failure: str | None = None
+
+    @property
+    def last(self) -> int:
+        return self.world_size - 1
+
+    @property
+    def ranks(self) -> range:
+        return range(self.world_size)
+
+    def at(self, key: str, ranks: Iterable[int] | None = None) -> dict[int, dict[str, Any]]:
+        """Each rank's outcome of ``key`` (every rank unless ``ranks``), by rank."""
+        if self.failure is not None:
+            pytest.fail(self.failure, pytrace=False)
+        ranks = self.ranks if ranks is None else list(ranks)
+        missing = [r for r in ranks if key not in self.results[r]]
+        assert not missing, f"{self.launch}: no outcome {key!r} on rank(s) {missing}"
+        return {r: self.results[r][key] for r in ranks}
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Matrix]:
+    """``matrix(launch)``: that launch's outcomes; its ranks start once, for the first item that needs them."""
+    launched: dict[str, Matrix] = {}
+
+    def get(launch: str) -> Matrix:
+        if launch in launched:
+            return launched[launch]
+        backend, world_size = LAUNCHES[launch]
+        m = launched[launch] = Matrix(launch, world_size, tmp_path_factory.mktemp(f"markers-{launch}"))
+        try:
+            m.results = run_ranks(matrix_body, world_size, backend, str(m.marker_dir), timeout=240)
+        except BaseException as e:  # a rank raised, died or hung (RanksFailed holds every rank's traceback or stack)
+            text = str(e) if isinstance(e, RanksFailed) else "".join(traceback.format_exception(e))
+            m.failure = f"the {launch} launch failed, so none of its cases ran:\n{text}"
+            if not isinstance(e, Exception):
+                raise
+        else:
+            record(backend, world_size, m.results)
+        return m
+
+    return get
+
+
+def cases(*names: str, modes: Iterable[str] = MODES) -> list[Any]:
+    """``(launch, mode, case)`` for every launch, mode and case name; the id is ``<launch>-<mode>-<case>``."""
+    return [
+        pytest.param(launch, mode, name, id=f"{launch}-{mode}-{name}")
+        for launch in LAUNCHES
+        for mode in modes
+        for name in names
+    ]
+
+
+def launches(*only: str) -> list[Any]:
+    return [pytest.param(launch, id=launch) for launch in only or LAUNCHES]
+
 
 def expected_plain(mode: str, world_size: int, rank: int) -> list[float]:
     """``plain`` adds the size of the batch it sees: the global batch, or in shard the scoring rank's share."""
@@ -304,146 +392,276 @@ def expected_plain(mode: str, world_size: int, rank: int) -> list[float]:
     return [float(len(c) + dest.count(dest[start + i])) for i, c in enumerate(comps_of(rank))]
 
 
-def check_matrix(results: list[dict[str, Any]], world_size: int, marker_dir: str) -> None:
-    last = world_size - 1
-    ranks = range(world_size)
+def assert_remote(got: dict[int, dict[str, Any]], origin: int, exc_type: str) -> None:
+    """Every rank but ``origin`` raised a RemoteError naming ``origin`` and ``exc_type``."""
+    for r, o in got.items():
+        if r != origin:
+            assert is_remote(o, origin, exc_type), f"rank {r}: want RemoteError({origin}, {exc_type}), got {o}"
 
-    def at(name: str) -> list[dict[str, Any]]:
-        return [results[r][name] for r in ranks]
 
-    def remote(o: dict[str, Any], origin: int, exc_type: str) -> bool:
-        return o["kind"] == "RemoteError" and o["origin"] == origin and o["exc_type"] == exc_type
+def is_remote(o: dict[str, Any], origin: int, exc_type: str) -> bool:
+    return o["kind"] == "RemoteError" and o["origin"] == origin and o["exc_type"] == exc_type
 
-    for mode in MODES:
-        for name in results[0]:
-            if name.startswith(f"{mode}/") and name.endswith("/after"):
-                for r in ranks:
-                    got = results[r][name]
-                    assert got["kind"] == "ok", (name, r, got)
-                    assert got["value"] == expected_plain(mode, world_size, r), (name, r, got)
-        # raises on rank 0 (the scoring rank in main): the original there, RemoteError naming it elsewhere
-        got = at(f"{mode}/raises_on_rank0")
-        assert got[0]["kind"] == "ValueError", got[0]
-        assert all(remote(got[r], 0, "ValueError") for r in ranks if r != 0), got
-        if mode != "main":
-            got = at(f"{mode}/raises_on_last_rank")
-            assert got[last]["kind"] == "ValueError"
-            assert all(remote(got[r], last, "ValueError") for r in ranks if r != last), got
-            got = at(f"{mode}/raises_on_every_rank")  # each rank raises its own (shard: every rank scores)
-            assert [o["kind"] for o in got] == ["ValueError"] * world_size, got
-            assert [o["msg"] for o in got] == [f"boom on rank {r}" for r in ranks], got
-        got = at(f"{mode}/lengths_disagree")
-        assert got[last]["kind"] == "InputError"
-        assert "different lengths" in got[last]["msg"]
-        assert all(remote(got[r], last, "syncreward.InputError") for r in ranks if r != last), got
-        for name in ("unsupported_object", "custom_reduce_named"):
-            got = at(f"{mode}/{name}")
-            assert got[1]["kind"] == "UnsupportedTypeError", got[1]
-            assert "allow_pickle=True" in got[1]["msg"]
-            assert "trusted clusters only" in got[1]["msg"]
-            assert all(remote(got[r], 1, "syncreward.UnsupportedTypeError") for r in ranks if r != 1), got
-        got = at(f"{mode}/custom_reduce_in_kwargs")  # left behind (NotSynced), never serialized
-        assert all(o["kind"] == "ok" for o in got), got
-        got = at(f"{mode}/wrong_output_length")
-        if mode == "main":
-            assert got[0]["kind"] == "ResultLengthError"
-            assert all(remote(got[r], 0, "syncreward.ResultLengthError") for r in ranks if r != 0), got
-        else:  # every rank scores (shard: group_size=1 spreads the samples over every rank)
-            assert all(o["kind"] == "ResultLengthError" for o in got), got
-        for name in ("different_functions", "different_columns", "different_containers", "different_modes"):
-            got = at(f"{mode}/{name}")
-            assert all(o["kind"] == "MismatchError" for o in got), (name, got)
-            assert all(f"rank {r}:" in o["msg"] for o in got for r in ranks), got
-        assert "solution:list" in results[0][f"{mode}/different_columns"]["msg"]
-        assert "completions:tuple" in results[0][f"{mode}/different_containers"]["msg"]
-        for r in ranks:
-            pair = results[r][f"{mode}/different_order"]["value"]
-            assert [o["kind"] for o in pair] == ["MismatchError", "MismatchError"], pair
-        got = at(f"{mode}/tensor_dtypes_disagree")
-        for o in got:
-            assert o["kind"] == "InputError" or remote(o, o.get("origin", -1), "syncreward.InputError"), got
-        assert any(o["kind"] == "InputError" and "different dtypes" in o["msg"] for o in got), got
-        # non-finite outputs and inputs pass through unchanged
-        for r in ranks:
-            o = results[r][f"{mode}/non_finite"]
-            assert o["kind"] == "ok", o
-            n, start = r + 1, sum(range(1, r + 1))
-            values = [[math.nan, math.inf, -math.inf, 1.5][(r + i) % 4] for i in range(n)]
-            pattern = [math.nan, math.inf, -math.inf, -0.0]
-            computed = [pattern[i % 4] for i in range(start, start + n)] if mode != "shard" else None
-            v = o["value"]
-            for got_x, want in zip(v["echo"], values, strict=True):
-                assert (math.isnan(got_x) and math.isnan(want)) or got_x == want
-            assert torch.equal(v["tensor"].isnan(), torch.tensor(values, dtype=torch.float32).isnan())
-            if computed is not None:
-                for got_x, want in zip(v["computed"], computed, strict=True):
-                    assert (math.isnan(got_x) and math.isnan(want)) or (
-                        got_x == want and math.copysign(1, got_x) == math.copysign(1, want)
-                    )
-        # async cancelled while waiting (last rank): it raises there; in main the others still get their
-        # results (a non-scoring rank only receives), in replicate/shard its cancellation travels
-        got = at(f"{mode}/async_cancelled_while_waiting_on_last_rank")
-        assert got[last]["kind"] == "TimeoutError", got[last]
-        for r in ranks:
-            if r == last:
-                continue
-            if mode == "main":
-                assert got[r]["kind"] == "ok", got[r]
-                assert got[r]["value"] == expected_plain(mode, world_size, r)
-            else:
-                assert remote(got[r], last, "asyncio.exceptions.CancelledError"), got[r]
-        got = at(f"{mode}/async_cancelled_in_reward_on_rank0")
-        assert got[0]["kind"] == "TimeoutError", got[0]
-        assert all(remote(got[r], 0, "asyncio.exceptions.CancelledError") for r in ranks if r != 0), got
-        for r in ranks:
-            o = results[r][f"{mode}/async_after"]
-            assert o["kind"] == "ok", o
-            assert o["value"] == expected_plain(mode, world_size, r)
-    if "accelerate_state_of_one_process" in results[0]:
-        for r in ranks:
-            o = results[r]["accelerate_state_of_one_process"]
-            assert o["kind"] == "BackendError", o
-            assert "cpu=True" in o["msg"]
-    # nothing was unpickled, nor even pickled, on any rank
-    assert sorted(os.listdir(marker_dir)) == []
-    # every failure above is a syncreward error (or the caller's own) and came within seconds
-    for r in ranks:
-        for name, o in results[r].items():
-            if isinstance(o, dict) and o.get("kind") not in (None, "ok") and not name.startswith("skipped_call"):
-                assert o["s"] < 5.0, (name, r, o)
-    # the unrecoverable one: the last rank skipped a call
-    for r in ranks:
-        if r == last:
-            o = results[r]["skipped_call/late_rank"]
-            assert o["kind"] == "CommunicationError", o
-            assert "the other ranks had given up waiting for this rank" in o["msg"]
-            assert f"for rank(s) [{last}]" in o["msg"]
-            assert "'plain'" in o["msg"]
-            assert o["s"] < 2.0, o
-        else:
-            o = results[r]["skipped_call/timeout"]
-            assert o["kind"] == "SyncTimeoutError", o
-            assert o["missing"] == [last], o
-            assert f"rank(s) [{last}] did not arrive within timeout=" in o["msg"]
-            assert "of 'plain' timed out" in o["msg"]
-            assert TIGHT - 0.1 < o["s"] < TIGHT + 1.5, o  # the timeout, plus a 0.25 s grace to name the missing
-            after = results[r]["skipped_call/after"]
-            assert after["kind"] == "GroupBrokenError", after
-            assert after["s"] < 0.5
-            assert "unusable" in after["msg"]
+
+def assert_prompt(got: dict[int, dict[str, Any]]) -> None:
+    """Every rank that raised did so within seconds."""
+    slow = {r: o for r, o in got.items() if o["kind"] != "ok" and o["s"] >= 5.0}
+    assert not slow, f"raised only after 5 s or more: {slow}"
+
+
+# --------------------------------------------------------------------------------------------- one item per case
 
 
 @pytest.mark.parametrize(
-    ("backend", "world_size"),
-    [("torch", 2), ("accelerate", 3), ("torch", 4)],
-    ids=["torch-W2", "accelerate-W3", "torch-W4"],
+    ("launch", "mode", "case"), cases("raises_on_rank0") + cases("raises_on_last_rank", modes=SCORING_ELSEWHERE)
 )
-def test_fault_matrix(backend: str, world_size: int, tmp_path: Path) -> None:
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    results = run_ranks(matrix_body, world_size, backend, str(markers), timeout=240)
-    record(backend, world_size, results)
-    check_matrix(results, world_size, str(markers))
+def test_a_reward_raising_on_one_rank_raises_there_and_a_remote_error_naming_it_elsewhere(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    m = matrix(launch)
+    origin = 0 if case == "raises_on_rank0" else m.last  # rank 0 is main's scoring rank
+    got = m.at(f"{mode}/{case}")
+    assert got[origin]["kind"] == "ValueError", f"rank {origin}: {got[origin]}"
+    assert_remote(got, origin, "ValueError")
+    assert_prompt(got)
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases("raises_on_every_rank", modes=SCORING_ELSEWHERE))
+def test_a_reward_raising_on_every_rank_raises_each_ranks_own_error(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    m = matrix(launch)
+    got = m.at(f"{mode}/{case}")  # shard: every rank scores
+    assert [o["kind"] for o in got.values()] == ["ValueError"] * m.world_size, got
+    assert [o["msg"] for o in got.values()] == [f"boom on rank {r}" for r in m.ranks], got
+    assert_prompt(got)
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases("lengths_disagree"))
+def test_columns_of_different_lengths_raise_input_error_on_that_rank(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    m = matrix(launch)
+    got = m.at(f"{mode}/{case}")
+    assert got[m.last]["kind"] == "InputError", f"rank {m.last}: {got[m.last]}"
+    assert "different lengths" in got[m.last]["msg"], f"rank {m.last}: {got[m.last]}"
+    assert_remote(got, m.last, "syncreward.InputError")
+    assert_prompt(got)
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases("unsupported_object", "custom_reduce_named"))
+def test_an_object_the_codec_cannot_encode_raises_unsupported_type_error_on_its_rank(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    m = matrix(launch)
+    got = m.at(f"{mode}/{case}")  # rank 1 holds the objects
+    assert got[1]["kind"] == "UnsupportedTypeError", f"rank 1: {got[1]}"
+    assert "allow_pickle=True" in got[1]["msg"], f"rank 1: {got[1]}"
+    assert "trusted clusters only" in got[1]["msg"], f"rank 1: {got[1]}"
+    assert_remote(got, 1, "syncreward.UnsupportedTypeError")
+    assert_prompt(got)
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases("custom_reduce_in_kwargs"))
+def test_a_custom_reduce_in_a_kwargs_column_is_left_behind_and_the_call_works(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    got = matrix(launch).at(f"{mode}/{case}")  # left behind (NotSynced), never serialized
+    assert all(o["kind"] == "ok" for o in got.values()), got
+
+
+@pytest.mark.parametrize("launch", launches())
+def test_nothing_was_pickled_or_unpickled_on_any_rank(matrix: Callable[[str], Matrix], launch: str) -> None:
+    m = matrix(launch)
+    if m.failure is not None:
+        pytest.fail(m.failure, pytrace=False)
+    assert sorted(os.listdir(m.marker_dir)) == []  # Exploit leaves a marker when pickled or unpickled
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases("wrong_output_length"))
+def test_a_reward_returning_the_wrong_length_raises_result_length_error(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    got = matrix(launch).at(f"{mode}/{case}")
+    if mode == "main":
+        assert got[0]["kind"] == "ResultLengthError", f"rank 0: {got[0]}"
+        assert_remote(got, 0, "syncreward.ResultLengthError")
+    else:  # every rank scores (shard: group_size=1 spreads the samples over every rank)
+        assert all(o["kind"] == "ResultLengthError" for o in got.values()), got
+    assert_prompt(got)
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases(*MISMATCHES))
+def test_ranks_making_different_calls_raise_mismatch_error_naming_every_rank(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    m = matrix(launch)
+    got = m.at(f"{mode}/{case}")
+    assert all(o["kind"] == "MismatchError" for o in got.values()), got
+    assert all(f"rank {r}:" in o["msg"] for o in got.values() for r in m.ranks), got
+    if case == "different_columns":
+        assert "solution:list" in got[0]["msg"], got[0]
+    if case == "different_containers":
+        assert "completions:tuple" in got[0]["msg"], got[0]
+    assert_prompt(got)
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases("different_order"))
+def test_ranks_making_calls_in_a_different_order_raise_mismatch_error_on_both(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    got = matrix(launch).at(f"{mode}/{case}")
+    for r, o in got.items():
+        assert o["kind"] == "ok", f"rank {r}: {o}"  # the two calls' outcomes, in its value
+        assert [x["kind"] for x in o["value"]] == ["MismatchError", "MismatchError"], f"rank {r}: {o['value']}"
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases("tensor_dtypes_disagree"))
+def test_tensors_of_different_dtypes_raise_input_error(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    got = matrix(launch).at(f"{mode}/{case}")
+    for r, o in got.items():
+        assert o["kind"] == "InputError" or is_remote(o, o.get("origin", -1), "syncreward.InputError"), f"rank {r}: {o}"
+    assert any(o["kind"] == "InputError" and "different dtypes" in o["msg"] for o in got.values()), got
+    assert_prompt(got)
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases("non_finite"))
+def test_non_finite_inputs_and_outputs_pass_through_unchanged(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    pattern = [math.nan, math.inf, -math.inf, -0.0]
+    for r, o in matrix(launch).at(f"{mode}/{case}").items():
+        assert o["kind"] == "ok", f"rank {r}: {o}"
+        n, start = r + 1, sum(range(1, r + 1))
+        values = [[math.nan, math.inf, -math.inf, 1.5][(r + i) % 4] for i in range(n)]
+        computed = [pattern[i % 4] for i in range(start, start + n)] if mode != "shard" else None
+        v = o["value"]
+        for got_x, want in zip(v["echo"], values, strict=True):
+            assert (math.isnan(got_x) and math.isnan(want)) or got_x == want, f"rank {r}: echo {v['echo']} != {values}"
+        assert torch.equal(v["tensor"].isnan(), torch.tensor(values, dtype=torch.float32).isnan()), f"rank {r}: {v}"
+        if computed is not None:
+            for got_x, want in zip(v["computed"], computed, strict=True):
+                assert (math.isnan(got_x) and math.isnan(want)) or (
+                    got_x == want and math.copysign(1, got_x) == math.copysign(1, want)
+                ), f"rank {r}: computed {v['computed']} != {computed}"
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases("async_cancelled_while_waiting_on_last_rank"))
+def test_an_async_call_cancelled_while_waiting_raises_there_and_travels_where_others_score(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    m = matrix(launch)
+    got = m.at(f"{mode}/{case}")
+    assert got[m.last]["kind"] == "TimeoutError", f"rank {m.last}: {got[m.last]}"
+    for r, o in got.items():
+        if r == m.last:
+            continue
+        if mode == "main":  # a non-scoring rank only receives: the others still get their results
+            assert o["kind"] == "ok", f"rank {r}: {o}"
+            assert o["value"] == expected_plain(mode, m.world_size, r), f"rank {r}: {o}"
+        else:  # replicate/shard: its cancellation travels
+            assert is_remote(o, m.last, "asyncio.exceptions.CancelledError"), f"rank {r}: {o}"
+    assert_prompt(got)
+
+
+@pytest.mark.parametrize(("launch", "mode", "case"), cases("async_cancelled_in_reward_on_rank0"))
+def test_an_async_call_cancelled_in_its_reward_raises_there_and_a_remote_cancelled_error_elsewhere(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, case: str
+) -> None:
+    got = matrix(launch).at(f"{mode}/{case}")
+    assert got[0]["kind"] == "TimeoutError", f"rank 0: {got[0]}"
+    assert_remote(got, 0, "asyncio.exceptions.CancelledError")
+    assert_prompt(got)
+
+
+def call_id(call: str) -> str:
+    """``raises_on_rank0/after`` -> ``after_raises_on_rank0``: ``-k raises_on_rank0`` finds a case and its after."""
+    return f"after_{call.removesuffix('/after')}" if call.endswith("/after") else call
+
+
+@pytest.mark.parametrize(
+    ("launch", "mode", "call"),
+    [
+        pytest.param(launch, mode, call, id=f"{launch}-{mode}-{call_id(call)}")
+        for launch in LAUNCHES
+        for mode in MODES
+        for call in ["warmup", *[f"{c}/after" for c in case_names(mode)], "async_after"]
+    ],
+)
+def test_a_plain_call_works_before_and_after_every_recoverable_failure(
+    matrix: Callable[[str], Matrix], launch: str, mode: str, call: str
+) -> None:
+    m = matrix(launch)
+    for r, o in m.at(f"{mode}/{call}").items():
+        assert o["kind"] == "ok", f"rank {r}: {o}"
+        assert o["value"] == expected_plain(mode, m.world_size, r), f"rank {r}: {o}"
+
+
+@pytest.mark.parametrize("launch", launches("accelerate-W3"))
+def test_accelerate_state_of_one_process_raises_backend_error_naming_cpu_true(
+    matrix: Callable[[str], Matrix], launch: str
+) -> None:
+    got = matrix(launch).at("accelerate_state_of_one_process")
+    for r, o in got.items():
+        assert o["kind"] == "BackendError", f"rank {r}: {o}"
+        assert "cpu=True" in o["msg"], f"rank {r}: {o}"
+    assert_prompt(got)
+
+
+# the unrecoverable one, last in each launch: the last rank skips a call
+
+
+@pytest.mark.parametrize("launch", launches())
+def test_the_ranks_waiting_on_a_skipped_call_time_out_naming_the_missing_rank(
+    matrix: Callable[[str], Matrix], launch: str
+) -> None:
+    m = matrix(launch)
+    for r, o in m.at("skipped_call/timeout", ranks=range(m.last)).items():
+        assert o["kind"] == "SyncTimeoutError", f"rank {r}: {o}"
+        assert o["missing"] == [m.last], f"rank {r}: {o}"
+        assert f"rank(s) [{m.last}] did not arrive within timeout=" in o["msg"], f"rank {r}: {o}"
+        assert "of 'plain' timed out" in o["msg"], f"rank {r}: {o}"
+        assert TIGHT - 0.1 < o["s"] < TIGHT + 1.5, f"rank {r}: {o}"  # the timeout, plus a 0.25 s grace to name it
+
+
+@pytest.mark.parametrize("launch", launches())
+def test_after_a_timeout_the_group_is_unusable_at_once(matrix: Callable[[str], Matrix], launch: str) -> None:
+    m = matrix(launch)
+    for r, o in m.at("skipped_call/after", ranks=range(m.last)).items():
+        assert o["kind"] == "GroupBrokenError", f"rank {r}: {o}"
+        assert o["s"] < 0.5, f"rank {r}: {o}"
+        assert "unusable" in o["msg"], f"rank {r}: {o}"
+
+
+@pytest.mark.parametrize("launch", launches())
+def test_the_rank_that_skipped_a_call_learns_at_once_that_the_others_gave_up(
+    matrix: Callable[[str], Matrix], launch: str
+) -> None:
+    m = matrix(launch)
+    o = m.at("skipped_call/late_rank", ranks=[m.last])[m.last]
+    assert o["kind"] == "CommunicationError", o
+    assert "the other ranks had given up waiting for this rank" in o["msg"], o
+    assert f"for rank(s) [{m.last}]" in o["msg"], o
+    assert "'plain'" in o["msg"], o
+    assert o["s"] < 2.0, o
+
+
+@pytest.mark.parametrize("launch", launches())
+def test_the_launch_recorded_exactly_the_outcomes_checked_here(matrix: Callable[[str], Matrix], launch: str) -> None:
+    """Guards the items above: an outcome matrix_body records but no item checks fails here."""
+    m = matrix(launch)
+    if m.failure is not None:
+        pytest.fail(m.failure, pytrace=False)
+    for r in m.ranks:
+        want = {"accelerate_state_of_one_process"} if LAUNCHES[launch][0] == "accelerate" else set()
+        for mode in MODES:
+            want |= {f"{mode}/warmup", f"{mode}/async_after"}
+            want |= {f"{mode}/{c}{after}" for c in case_names(mode) for after in ("", "/after")}
+        want |= {"skipped_call/late_rank"} if r == m.last else {"skipped_call/timeout", "skipped_call/after"}
+        got = set(m.results[r])
+        assert got == want, f"rank {r}: unchecked {sorted(got - want)}, missing {sorted(want - got)}"
 
 
 # --------------------------------------------------------------------------------------------- dead peers
