@@ -16,7 +16,7 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
   :class:`~syncreward.GroupBrokenError` at once instead of waiting for a group that can no longer agree;
 * the **size predictions**: eager chunk sizes (:class:`~syncreward._wire.Predictor`, changed only from
   headers every rank saw) and the size of ``mode="main"``'s next result blocks, one size for every rank
-  (announced by the previous blocks; :class:`~syncreward._wire.ResultPredictor` on the scoring rank);
+  (announced by the previous blocks: :class:`~syncreward._wire.ResultBlocks`);
 * the **in-flight calls** and the thread each came from, to refuse orderings that cannot be the same
   on every rank (calls from two threads at once) or that would deadlock (a blocking call on the event
   loop thread while an async call on that loop is pending);
@@ -356,10 +356,10 @@ class Session:
 
     def skip(self, channel: int, seq: int) -> None:
         """Give up ``seq``'s turn on ``channel`` without exchanging (every rank skips the same turns)."""
-        self.turns[channel].submit(seq, _NOTHING, "")
+        self.turns[channel].submit(seq, _nothing, "")
 
 
-def _NOTHING() -> Value[None]:
+def _nothing() -> Value[None]:
     return Value(None)
 
 
