@@ -25,8 +25,8 @@ LIE = 20_000_000
 _header = _base.Call.header
 
 
-def _lying_header(self: _base.Call, payload_bytes: int, aux: int = 0) -> bytes:
-    header = _header(self, payload_bytes, aux)
+def _lying_header(self: _base.Call, *args: Any) -> bytes:
+    header = _header(self, *args)
     if self.rank != 1:
         return header
     words = np.frombuffer(header, dtype=np.int64).copy()

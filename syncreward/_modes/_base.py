@@ -20,7 +20,7 @@ exception that escapes a hook is a transport failure and breaks the session.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Generic, TypeVar
@@ -186,20 +186,10 @@ class Call:
         else:
             error, blob, dropped = None, b"", own.value.dropped
             payload = own.value.frame if route is not None else b""
-        header = pack_header(
-            seq=self.seq,
-            status=OK if error is None else FAILED,
-            fp=self.fp,
-            step=self.step,
-            n=self.bound.n if self.bound is not None and error is None else 0,
-            size=len(payload) if error is None else len(blob),
-            desc=len(self.description.encode("utf-8", "backslashreplace")),
-            aux=aux,
-            mask=drop_mask(self.names, dropped),
-        )
+        ok = error is None
         return exchange_inbound(
             self.session,
-            header=header,
+            header=self.header(ok, len(payload) if ok else len(blob), aux, dropped),
             payload=payload,
             route=route,
             error=error,
@@ -209,6 +199,20 @@ class Call:
             droppable=self.droppable,
             timeout=self.timeout,
             function=self.spec.name,
+        )
+
+    def header(self, ok: bool, size: int, aux: int, dropped: Sequence[str]) -> bytes:
+        """This call's header (``_wire``): ``size`` bytes of payload, or of this rank's error when not ``ok``."""
+        return pack_header(
+            seq=self.seq,
+            status=OK if ok else FAILED,
+            fp=self.fp,
+            step=self.step,
+            n=self.bound.n if self.bound is not None and ok else 0,
+            size=size,
+            desc=len(self.description.encode("utf-8", "backslashreplace")),
+            aux=aux,
+            mask=drop_mask(self.names, dropped),
         )
 
     def merge(
