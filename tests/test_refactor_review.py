@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+import pytest
 
 import syncreward
 from syncreward import MismatchError, RemoteError, synced_reward, synced_rewards
@@ -143,3 +144,91 @@ def test_a_keyboard_interrupt_while_a_reward_group_member_encodes_raises_on_ever
     ], results
     assert all(r[1] < timeout / 2 for r in results), results
     assert [r[2] for r in results] == [[2.0], [2.0, 2.0], [2.0, 2.0, 2.0]], results
+
+
+# ----------------------------------------------------------------------------------- known gaps (not regressions)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="already so at 8ced485: a hit has no inbound exchange, so a miss on one rank and a hit on another "
+    "wait on different channels until timeout=",
+)
+@pytest.mark.parametrize("mode", ["main", "replicate"])
+def test_reward_group_members_in_another_order_where_one_rank_misses_raise_mismatch_on_every_rank_at_once(
+    mode: Literal["main", "replicate"],
+) -> None:
+    """The module docstring of ``_group``: members called in a different order raise MismatchError on every
+    rank. When the member one rank calls needs a column the earlier call did not gather (a miss) while the
+    other rank's member is a hit, the ranks meet in no collective: both raise SyncTimeoutError at ``timeout=``
+    (30 minutes by default) and the session is broken. Fails at 8ced485 too.
+    """
+    timeout = 2.0
+
+    def a(completions: Any) -> list[float]:
+        return [1.0] * len(completions)
+
+    def b(completions: Any, solution: Any) -> list[float]:
+        return [2.0] * len(completions)
+
+    def c(completions: Any) -> list[float]:
+        return [3.0] * len(completions)
+
+    def body(rank: int, world_size: int) -> tuple[str, float]:
+        A, B, C = synced_rewards(a, b, c, mode=mode, timeout=timeout)
+        completions, solution = [f"c{rank}"] * (rank + 1), [f"s{rank}"] * (rank + 1)
+        A(completions)  # a miss on every rank; it gathers `completions` only
+        t0 = time.monotonic()
+        try:
+            B(completions, solution) if rank == 0 else C(completions)  # rank 0: a miss (solution); rank 1: a hit
+        except Exception as e:
+            return type(e).__name__, time.monotonic() - t0
+        return "ok", time.monotonic() - t0
+
+    results = run_threads(body, 2, timeout=30)
+    assert [kind for kind, _ in results] == ["MismatchError", "MismatchError"], results
+    assert all(t < timeout / 2 for _, t in results), results
+
+
+def _interrupt_on_rank_0() -> int:
+    import threading
+
+    if threading.current_thread().name.endswith("rank0"):
+        raise KeyboardInterrupt("interrupted while decoding")
+    return 1
+
+
+class InterruptsWhenReceivedOnRank0:
+    def __reduce__(self) -> Any:
+        return (_interrupt_on_rank_0, ())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="already so at 8ced485: a BaseException while a hook decodes escapes the hook and breaks only "
+    "this rank's session",
+)
+def test_a_keyboard_interrupt_while_the_scoring_rank_decodes_raises_on_every_rank_at_once() -> None:
+    """A KeyboardInterrupt while rank 0 decodes the gathered inputs (``GatherMode.gather`` catches
+    ``Exception`` only): rank 0 raises it and breaks its session, ranks 1 and 2 wait for their results
+    until ``timeout=``. Fails at 8ced485 too; the same holds for shard's merge and ``main``'s result decode.
+    """
+    timeout = 2.0
+
+    @synced_reward(mode="main", timeout=timeout, allow_pickle=True)
+    def reward(completions: Any, obj: Any) -> list[float]:
+        return [1.0] * len(completions)
+
+    def body(rank: int, world_size: int) -> tuple[str, float]:
+        t0 = time.monotonic()
+        try:
+            reward(["c"] * (rank + 1), [InterruptsWhenReceivedOnRank0() for _ in range(rank + 1)])
+        except KeyboardInterrupt:
+            return "KeyboardInterrupt", time.monotonic() - t0
+        except Exception as e:
+            return type(e).__name__, time.monotonic() - t0
+        return "ok", time.monotonic() - t0
+
+    results = run_threads(body, 3, timeout=30)
+    assert [kind for kind, _ in results] == ["KeyboardInterrupt", "RemoteError", "RemoteError"], results
+    assert all(t < timeout / 2 for _, t in results), results
