@@ -142,7 +142,10 @@ class GroupMode(Mode[GatherScoring]):
             return Value(base.scoring_for(call, kept.inbound, kept.values_copy(), shared=True))
         self.group.misses += 1
         if isinstance(own, Value):
-            own = call.prepare_with(base)
+            try:
+                own = call.prepare_with(base)
+            except BaseException as e:  # a KeyboardInterrupt while encoding travels as this rank's failure,
+                own = Error(e)  # as it does while an ordinary call prepares; it is then raised here
         proves = call.bound is not None and all(proves_identity(c.values) for c in call.bound.columns)
         got = call.exchange(own, base.route(call.world_size), aux=int(proves))
         if isinstance(got, Error):
