@@ -78,6 +78,20 @@ def _check_options(options: Options) -> None:
         raise ValueError(unknown_backend_message(backend))
 
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(Options))
+
+
+def _given(params: dict[str, Any]) -> Options:
+    """The checked ``Options`` of a decorator call, from its parameters (its ``locals()`` before anything else).
+
+    The signatures name exactly ``Options``' fields (``tests/test_decorator.py`` checks it), so no option is
+    passed on by hand.
+    """
+    options = Options(**{name: params[name] for name in _FIELDS if name in params})
+    _check_options(options)
+    return options
+
+
 @overload
 def synced_reward(fn: Callable[P, R], /) -> Callable[P, R]: ...
 
@@ -166,19 +180,7 @@ def synced_reward(
         >>> rank_reward(["a", "abc", "ab"])
         [0.0, 1.0, 0.5]
     """
-    options = Options(
-        mode=mode,
-        backend=backend,
-        timeout=timeout,
-        group_size=group_size,
-        group_by=group_by,
-        include=include,
-        exclude=exclude,
-        shared=shared,
-        allow_pickle=allow_pickle,
-        process_group=process_group,
-    )
-    _check_options(options)
+    options = _given(locals())
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         return cast(Callable[P, R], wrap(func, MODES[mode], options))
@@ -244,17 +246,7 @@ def synced_rewards(
     gathering = tuple(name for name, m in MODES.items() if isinstance(m, GatherMode))
     if mode not in gathering:
         raise ValueError(f"synced_rewards() takes mode={' or '.join(map(repr, gathering))}, not {mode!r}")
-    options = Options(
-        mode=mode,
-        backend=backend,
-        timeout=timeout,
-        include=include,
-        exclude=exclude,
-        shared=shared,
-        allow_pickle=allow_pickle,
-        process_group=process_group,
-    )
-    _check_options(options)
+    options = _given(locals())
     base = MODES[mode]
     assert isinstance(base, GatherMode)
     impl = GroupMode(base, RewardGroup())
