@@ -203,19 +203,19 @@ class InterruptsWhenReceivedOnRank0:
         return (_interrupt_on_rank_0, ())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="already so at 8ced485: a BaseException while a hook decodes escapes the hook and breaks only "
-    "this rank's session",
+@pytest.mark.parametrize(
+    "options", [{"mode": "main"}, {"mode": "replicate"}, {"mode": "shard", "group_size": 1}], ids=lambda o: o["mode"]
 )
-def test_a_keyboard_interrupt_while_the_scoring_rank_decodes_raises_on_every_rank_at_once() -> None:
-    """A KeyboardInterrupt while rank 0 decodes the gathered inputs (``GatherMode.gather`` catches
-    ``Exception`` only): rank 0 raises it and breaks its session, ranks 1 and 2 wait for their results
-    until ``timeout=``. Fails at 8ced485 too; the same holds for shard's merge and ``main``'s result decode.
+def test_a_keyboard_interrupt_while_the_scoring_rank_decodes_raises_on_every_rank_at_once(
+    options: dict[str, Any],
+) -> None:
+    """A KeyboardInterrupt while rank 0 decodes the gathered inputs travels as its failure: rank 0 raises it,
+    ranks 1 and 2 a RemoteError, at once. At 8ced485 it escaped the hook (decoding caught ``Exception`` only),
+    broke rank 0's session and held the others until ``timeout=``.
     """
     timeout = 2.0
 
-    @synced_reward(mode="main", timeout=timeout, allow_pickle=True)
+    @synced_reward(**options, timeout=timeout, allow_pickle=True)
     def reward(completions: Any, obj: Any) -> list[float]:
         return [1.0] * len(completions)
 

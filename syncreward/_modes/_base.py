@@ -14,8 +14,10 @@ lifecycle (``_lifecycle``) calls the last three in this order, each exactly once
 * :meth:`Mode.outbound` -- in the call's outbound turn: route results (or the error) back to the
   ranks that own the samples; return this rank's results or an ``Error``.
 
-Every hook returns an outcome (``_outcome``); none raises for a reason that only this rank knows. An
-exception that escapes a hook is a transport failure and breaks the session.
+Every hook returns an outcome (``_outcome``); none raises for a reason that only this rank knows: what
+this rank's own work inside a hook raises (decoding, slicing results -- a ``KeyboardInterrupt``
+included) is caught and travels as its failure. An exception that escapes a hook is a transport
+failure and breaks the session.
 """
 
 from __future__ import annotations
@@ -261,7 +263,7 @@ class Call:
         assert self.bound is not None
         try:
             return Value(self.bound.call_args({**values, **proxies()}, inbound.dropped))
-        except Exception as e:
+        except BaseException as e:
             return Error(e)
 
     def device(self) -> torch.device | None:
@@ -353,7 +355,7 @@ class GatherMode(Mode[GatherScoring]):
             return None
         try:
             return Value(call.merge(got, got.frames, dict(enumerate(got.counts)), lambda v, c: v))
-        except Exception as e:
+        except BaseException as e:
             return Error(e)
 
     def scoring_for(

@@ -90,7 +90,7 @@ class MainMode(GatherMode):
                     meta = {"keys": keys, "logs": logs.rows(rows)} if keys is not None or logs.records else None
                     allow_pickle = call.spec.options.allow_pickle
                     bodies[r] = encode_frame(part, counts[r], allow_pickle=allow_pickle, meta=meta)
-            except Exception as e:
+            except BaseException as e:
                 error = e
         if error is not None:
             blob = error_blob(error)
@@ -116,7 +116,7 @@ class MainMode(GatherMode):
             return Error(error)
         try:
             logs.replay(own[1])
-        except Exception as e:
+        except BaseException as e:
             return Error(e)
         return Value(own[0])
 
@@ -154,7 +154,7 @@ class MainMode(GatherMode):
             meta = meta or {}
             Logs(call.bound, call.spec.name).replay(meta.get("logs", ()))
             return Value(rebuild_result(meta.get("keys"), cols, call.device()))
-        except Exception as e:  # everything was exchanged: a local failure, the session stays usable
+        except BaseException as e:  # everything was exchanged: a local failure, the session stays usable
             return Error(e)
 
 

@@ -52,7 +52,7 @@ class ReplicateMode(GatherMode):
                 own = rebuild_result(
                     keys, take_columns(cols, slice(got.offsets[call.rank], got.offsets[call.rank + 1])), None
                 )
-            except Exception as e:
+            except BaseException as e:
                 error = e
         # every call's status round carries its check record: a reward group's hit had no inbound header check
         done = status_round(

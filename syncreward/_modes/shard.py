@@ -160,7 +160,7 @@ class ShardMode(Mode[ShardScoring]):
                 dest = self._assign_by_key(call, key_frame, inbound.headers.aux, inbound.counts)
                 plan = _Shard.of_dest(dest, inbound.offsets, me, w)
             frames = self._frames(call, inbound, plan)
-        except Exception as e:
+        except BaseException as e:
             error = e
         sizes = status_round(session, error, INBOUND, call.timeout, call.spec.name, extra=[len(f) for f in frames])
         if isinstance(sizes, Error):
@@ -176,7 +176,7 @@ class ShardMode(Mode[ShardScoring]):
         try:
             parts = dict(enumerate(split(buf, recv_counts)))
             values = call.merge(inbound, parts, plan.share, lambda v, c: take(v, c, plan.sent[me]))
-        except Exception as e:
+        except BaseException as e:
             return Value(ShardScoring(Error(e), logs, inbound, plan))
         return Value(ShardScoring(call.inputs(inbound, values, logs.recording), logs, inbound, plan))
 
@@ -230,7 +230,7 @@ class ShardMode(Mode[ShardScoring]):
                         allow_pickle = call.spec.options.allow_pickle
                         frames[s] = bytes(encode_frame(part, count, allow_pickle=allow_pickle, meta=meta))
                     pos += count
-            except Exception as e:
+            except BaseException as e:
                 error = e
         done = status_round(
             session, error, OUTBOUND, call.timeout, call.spec.name, extra=[signature, *(len(f) for f in frames)]
@@ -263,7 +263,7 @@ class ShardMode(Mode[ShardScoring]):
                         raise CodecError(f"rank {s} returned {nrows} results for {len(plan.sent[s])} samples")
                     parts[s] = (cols, meta or {})
             return Value(self._assemble(call, plan, logs, parts))
-        except Exception as e:  # everything was exchanged: a local failure, the session stays usable
+        except BaseException as e:  # everything was exchanged: a local failure, the session stays usable
             return Error(e)
 
     def _assemble(
