@@ -53,7 +53,7 @@ from ._binding import Bound
 from ._exchange import Inbound
 from ._modes._base import Call, GatherMode, GatherScoring, Mode, Payload
 from ._options import Options
-from ._outcome import Error, Outcome, Value
+from ._outcome import Error, Outcome, Value, capture
 from ._session import Session
 
 __all__ = ["GroupMode", "RewardGroup"]
@@ -143,11 +143,8 @@ class GroupMode(Mode[GatherScoring]):
             # no inbound exchange checked this call: its result exchange must (``shared``)
             return Value(base.scoring_for(call, kept.inbound, kept.values_copy(), shared=True))
         self.group.misses += 1
-        if isinstance(own, Value):
-            try:
-                own = call.prepare_with(base)
-            except BaseException as e:  # a KeyboardInterrupt while encoding travels as this rank's failure,
-                own = Error(e)  # as it does while an ordinary call prepares; it is then raised here
+        if isinstance(own, Value):  # encoded in this turn: any failure (a KeyboardInterrupt too) travels
+            own = capture(base.prepare, call)
         proves = call.bound is not None and all(proves_identity(c.values) for c in call.bound.columns)
         got = call.exchange(own, base.route(call.world_size), aux=int(proves))
         if isinstance(got, Error):

@@ -111,7 +111,10 @@ class Call:
         except Exception as e:
             return cls.unbound(spec, session, seq, site), Error(e)
         call = cls._of(spec, session, seq, site, bound)
-        return call, call.prepare_with(spec.impl)
+        try:  # before the turn: an interrupt is raised at once (the lifecycle finishes the call)
+            return call, Value(spec.impl.prepare(call))
+        except Exception as e:
+            return call, Error(e)
 
     @classmethod
     def unbound(cls, spec: Spec, session: Session, seq: int, site: str) -> Call:
@@ -125,13 +128,6 @@ class Call:
         step = bound.step if bound is not None else NO_STEP
         at = f" at step {step}" if step != NO_STEP else ""
         return cls(spec, session, seq, site, bound, fingerprint(schema), f"call #{seq}{at}: {schema}")
-
-    def prepare_with(self, mode: Mode[Any]) -> Value[Payload] | Error:
-        """``mode.prepare(self)`` as an outcome."""
-        try:
-            return Value(mode.prepare(self))
-        except Exception as e:
-            return Error(e)
 
     @property
     def rank(self) -> int:
