@@ -53,7 +53,9 @@ class MainMode(GatherMode):
             if col.name in call.droppable:
                 dropped.append(col.name)
             else:
-                encode_frame([col], call.bound.n)  # raises the codec's UnsupportedTypeError for this column
+                encode_frame(
+                    [col], call.bound.n, function=call.spec.name
+                )  # raises the codec's UnsupportedTypeError for this column
         return Payload(b"", tuple(dropped))
 
     def route(self, world_size: int) -> np.ndarray:

@@ -135,7 +135,9 @@ class ShardMode(Mode[ShardScoring]):
         if by is None:
             return Payload(b"", dropped)
         col = next(c for c in call.bound.columns if c.name == by)
-        return Payload(encode_frame([col], call.bound.n), dropped)  # only the group keys travel before the plan
+        return Payload(
+            encode_frame([col], call.bound.n, function=call.spec.name), dropped
+        )  # only the group keys travel before the plan
 
     # ------------------------------------------------------------------------------------------ inbound
 

@@ -63,7 +63,10 @@ try:
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError, RayError
 except ImportError as e:  # pragma: no cover - exercised only without ray
-    raise ImportError("backend='ray' needs the ray package. HINT: pip install 'syncreward[ray]'") from e
+    raise ImportError(
+        "backend='ray' needs the ray package. HINT: pip install ray "
+        "(or, in a checkout of syncreward, pip install -e '.[ray]')"
+    ) from e
 
 from .._errors import (
     BackendError,

@@ -152,7 +152,7 @@ _FAILURES: tuple[_Failure, ...] = (
         ("timed out", "timeout"),
         SyncTimeoutError,
         "the ranks did not finish within timeout= ({message}). HINT: a rank did not arrive in time (hung, still "
-        "busy, dead, or it made fewer synced calls); raise timeout= if the scoring rank legitimately takes longer. "
+        "busy, dead, or it made fewer synced calls); raise timeout= if it legitimately takes longer to get there. "
         "The group is now unusable.",
     ),
     _Failure(  # the catch-all: keep it last
