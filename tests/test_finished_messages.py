@@ -57,9 +57,9 @@ def cases_body(rank: int, world_size: int) -> dict[str, tuple[str, str]]:
         "unsupported_column": _message(lambda: uses_meta(completions=["a"], meta=[Meta()])),
         "lengths_differ": _message(lambda: weighted(completions=["a", "b"], weights=[0.5, 0.3, 0.2])),
         "missing_argument": _message(
-            lambda: needs_solution(completions=["a"], solution=["x"])
-            if rank == 0
-            else needs_solution(completions=["a"])
+            lambda: (
+                needs_solution(completions=["a"], solution=["x"]) if rank == 0 else needs_solution(completions=["a"])
+            )
         ),
         "result_type": _message(lambda: returns_a_float(completions=["a"])),
     }
@@ -132,7 +132,9 @@ def test_missing_argument_traceback_stays_in_syncreward() -> None:
         return None
 
     for cause, suppressed, has_tb in run_threads(body, 2, timeout=60):
-        assert cause is None and suppressed and has_tb
+        assert cause is None
+        assert suppressed
+        assert has_tb
 
 
 def test_missing_argument_hint_for_unexpected_keyword() -> None:
