@@ -96,7 +96,7 @@ def _first_call_timeout_body(rank: int, world_size: int, done: str) -> Any:
 
 @pytest.mark.multiprocess
 def test_backend_resolution_first_call_timeout_names_the_missing_rank(tmp_path: Path) -> None:
-    kind, message, missing, seconds = run_ranks(_first_call_timeout_body, 2, str(tmp_path / "done"), timeout=60)[0]
+    kind, message, missing, seconds = run_ranks(_first_call_timeout_body, 2, str(tmp_path / "done"), timeout=120)[0]
     problems = []
     if kind != "SyncTimeoutError":
         problems.append(f"rank 0 raised {kind}, not SyncTimeoutError")
