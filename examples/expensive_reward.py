@@ -137,7 +137,9 @@ def timings(rank: int, world_size: int, rounds: int) -> dict[str, list[float]]:
 
     mine = local_slice(make_batch(), rank, world_size)
     variants = {
-        "unsynced": lambda: normalise([verify(c, s) for c, s in zip(mine["completions"], mine["solution"])]),
+        "unsynced": lambda: normalise(
+            [verify(c, s) for c, s in zip(mine["completions"], mine["solution"], strict=True)]
+        ),
         "synced whole": lambda: verified_reward_main(**mine),
         "composed": lambda: verified_reward(**mine),
     }
