@@ -88,14 +88,16 @@ def _not_a_function(decorator: str, value: object) -> str:
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         keyword = f"timeout={value!r}"
     else:
-        keyword = "mode='replicate'"
+        keyword = ""
+    eg = "" if keyword else "e.g. "
+    keyword = keyword or "mode='replicate'"
     if decorator == "synced_reward":
         what, example = "the reward function as its only positional argument", f"@synced_reward({keyword})"
     else:
         what, example = "reward functions as its positional arguments", f"synced_rewards(f, g, {keyword})"
     return (
         f"{decorator}() takes {what}, not {value!r} (a {type(value).__name__}). HINT: pass options as "
-        f"keywords: {example}."
+        f"keywords: {eg}{example}."
     )
 
 

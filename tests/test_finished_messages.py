@@ -182,3 +182,9 @@ def test_timeout_hint_names_the_missing_rank() -> None:
     assert kind == "SyncTimeoutError"
     assert "HINT: raise timeout= if rank(s) [1] legitimately take(s) longer to get here" in msg
     assert "scoring rank legitimately" not in msg
+
+
+def test_positional_option_of_no_known_kind_gives_an_example() -> None:
+    with pytest.raises(TypeError) as info:
+        synced_reward(["completions"])  # type: ignore[call-overload]
+    assert str(info.value).endswith("HINT: pass options as keywords: e.g. @synced_reward(mode='replicate').")
