@@ -191,8 +191,9 @@ def synced_reward(
         ValueError: invalid options (at decoration time).
 
     Examples:
-        In one process the wrapped function is simply called (its result checked as on several ranks); on several ranks each rank passes its own
-        completions and gets back its own rewards, computed over the global batch.
+        In one process the wrapped function is simply called (its result checked as on several ranks); on
+        several ranks each rank passes its own completions and gets back its own rewards, computed over the
+        global batch.
 
         >>> from syncreward import synced_reward
         >>> @synced_reward
