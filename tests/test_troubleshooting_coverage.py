@@ -140,8 +140,12 @@ def _sites() -> list[Site]:
                 message = node.exc.args[0] if node.exc.args else None
             elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_Failure" and len(node.args) == 4:
                 kind, message = _type_name(node.args[2]), node.args[3]  # torch_distributed's failure table
-            elif isinstance(node, ast.Tuple) and node.elts and len(node.elts) == 3:
-                kind, message = _type_name(node.elts[0]), node.elts[2]  # ray's failure table
+            elif (
+                isinstance(node, ast.Tuple)
+                and len(node.elts) == 3
+                and isinstance(node.elts[2], (ast.Constant, ast.JoinedStr, ast.BinOp))
+            ):
+                kind, message = _type_name(node.elts[0]), node.elts[2]  # ray's failure table (type, words, message)
             if kind is None or message is None:
                 continue
             scope = _enclosing(node, parents)
