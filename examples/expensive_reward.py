@@ -14,7 +14,9 @@ then receives every rank's scores; measured (``benchmarks/bench_expensive.py``),
 synced call made from inside the plain ``verified_reward`` is an ordinary synced call: every rank makes it
 once per reward call, from the same line, so the calls pair across ranks as any synced reward's do.
 
-Run: ``python examples/expensive_reward.py`` (2 local CPU ranks) or ``--ranks 4``.
+Run: ``python examples/expensive_reward.py`` (2 local CPU ranks) or ``--ranks 4``. It prints the rewards,
+checks them, and times the three variants (unsynced, which is wrong; synced whole; composed): the median of
+``--rounds`` calls on the slowest rank.
 """
 
 from __future__ import annotations
@@ -125,11 +127,39 @@ def run(rank: int, world_size: int) -> dict[str, list[float | None]]:
     }
 
 
+def timings(rank: int, world_size: int, rounds: int) -> dict[str, list[float]]:
+    """Each rank: seconds per call of the three variants, ``rounds`` rounds after one warm-up round.
+
+    Every call starts together on all ranks (a barrier before it), so a call's time on the slowest rank is
+    how long the step waits for the reward.
+    """
+    import torch.distributed as dist
+
+    mine = local_slice(make_batch(), rank, world_size)
+    variants = {
+        "unsynced": lambda: normalise(
+            [verify(c, s) for c, s in zip(mine["completions"], mine["solution"], strict=True)]
+        ),
+        "synced whole": lambda: verified_reward_main(**mine),
+        "composed": lambda: verified_reward(**mine),
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds + 1):
+        for name, call in variants.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return {name: ts[1:] for name, ts in times.items()}  # the warm-up round left out
+
+
 def show(xs: list[float | None]) -> str:
     return "[" + ", ".join("None" if x is None else f"{x:+.2f}" for x in xs) + "]"
 
 
-def main(world_size: int = 2) -> list[float | None]:
+def main(world_size: int = 2, rounds: int = 5) -> list[float | None]:
+    import statistics
+
     from syncreward.testing import run_ranks
 
     parts = run_ranks(run, world_size)
@@ -143,6 +173,16 @@ def main(world_size: int = 2) -> list[float | None]:
     print("per-rank:", show(per_rank), "(unsynced: normalised over each rank's rows only)")
     print("composed == main-mode reward:", composed == synced_main)
     print("composed == single-process reference:", composed == expected)
+    if rounds:
+        per_rank_times = run_ranks(timings, world_size, rounds)
+        median = {
+            name: statistics.median(max(t[name][i] for t in per_rank_times) for i in range(rounds)) * 1e3
+            for name in per_rank_times[0]
+        }
+        print(
+            f"ms per call (median of {rounds} calls, slowest rank): unsynced {median['unsynced']:.1f} (wrong), "
+            f"synced whole {median['synced whole']:.1f}, composed {median['composed']:.1f}"
+        )
     return composed
 
 
@@ -151,4 +191,6 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
-    main(parser.parse_args().ranks)
+    parser.add_argument("--rounds", type=int, default=5, help="timed calls per variant (0: no timings)")
+    args = parser.parse_args()
+    main(args.ranks, args.rounds)

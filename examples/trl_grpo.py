@@ -19,6 +19,7 @@ Run on CPU (2 processes over gloo; the script uses the CPU when there is no GPU)
 
     torchrun --nproc_per_node 2 examples/trl_grpo.py
     accelerate launch --multi_gpu --num_processes 2 examples/trl_grpo.py      # the same, with accelerate
+    python examples/trl_grpo.py      # one process (8 rows, 2 whole prompts): the rewards are plain calls
 
 (``accelerate launch --cpu --num_processes 2`` would start a single process.) Run on 2 GPUs, one process
 each::
@@ -186,15 +187,17 @@ def main() -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    steps, per_device = 2, 6
+    # 6 rows per rank on 2 ranks: not a multiple of K, so a group is split. One process (plain python) takes
+    # 2 whole prompts: TRL needs a generation batch of whole groups.
+    steps, per_device = 2, 6 if world > 1 else 2 * K
     cpu = not torch.cuda.is_available()
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_grpo_"),
         use_cpu=cpu,
-        ddp_backend="gloo" if cpu else None,
+        ddp_backend="gloo" if cpu and world > 1 else None,  # one process: no process group to create
         ddp_find_unused_parameters=False,
         bf16=False,
-        per_device_train_batch_size=per_device,  # 6 rows per rank: not a multiple of K, so a group is split
+        per_device_train_batch_size=per_device,
         num_generations=K,
         max_completion_length=8,
         shuffle_dataset=False,  # a reproducible layout: prompts 0, 1, 2 in the first step

@@ -4,9 +4,10 @@
 function once on the global batch, and returns each rank exactly its own slice. ``synced_rewards``
 does the same for several rewards of a step, whose shared columns then travel once.
 
-In one process (no ``torch.distributed``, accelerate or Ray job) the function is simply called, so the
-same code runs in a unit test; under ``torchrun`` or ``accelerate launch`` each rank passes its own
-completions and gets back the rewards of those completions, computed over every rank's:
+In one process (no ``torch.distributed``, accelerate or Ray job) the function is simply called (its result
+checked as on several ranks), so the same code runs in a unit test; under ``torchrun`` or ``accelerate
+launch`` each rank passes its own completions and gets back the rewards of those completions, computed
+over every rank's:
 
 >>> from syncreward import synced_reward
 >>> @synced_reward

@@ -100,17 +100,46 @@ def result_columns(result: Any, n: int, function: str) -> tuple[list[Any] | None
     return None, [_result_column("", result, n, function, "")]
 
 
+def check_result(result: Any, n: int | None, function: str) -> Any:
+    """A single process's result, checked as :func:`result_columns` checks one on several ranks.
+
+    ``n``: the call's batch size (``None``: the call had no per-sample argument, so only the type is checked).
+
+    Raises:
+        ResultLengthError: as :func:`result_columns`.
+        InputError: as :func:`result_columns`.
+    """
+    kind = type(result)
+    if kind is list and len(result) == n:  # the common cases, at the cost of a comparison per column
+        return result
+    if kind is dict:
+        for value in result.values():
+            if type(value) is not list or len(value) != n:
+                break
+        else:
+            return result
+    if n is None:
+        for value in result.values() if isinstance(result, dict) else (result,):
+            if container_of(value) is None:
+                _result_column("", value, 0, function, "")  # raises the InputError
+        return result
+    result_columns(result, n, function)
+    return result
+
+
 def _result_column(name: str, value: Any, n: int, function: str, where: str) -> Column:
     container = container_of(value)
     if container is None:
         raise InputError(
             f"synced function {function!r} returned {type(value).__name__}{where}; expected one result per sample "
-            "as a list, tuple, numpy array, tensor, or a dict of those."
+            "as a list, tuple, numpy array, tensor, or a dict of those. HINT: return a list with one reward per "
+            "sample (None where a reward does not apply)."
         )
     if len(value) != n:
         raise ResultLengthError(
             f"synced function {function!r} returned {len(value)} results{where} for {n} samples; it must return "
-            "exactly one result per sample of the batch it was given."
+            "exactly one result per sample of the batch it was given. HINT: score every sample it is passed (on "
+            "several ranks that is the global batch), with None where a reward does not apply."
         )
     return Column(name, container, value)
 

@@ -35,6 +35,8 @@ __all__ = ["TRL_SHARED", "Binder", "Bound", "NotSynced"]
 _VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
 _VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
 _BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+_POSITIONAL_ONLY = inspect.Parameter.POSITIONAL_ONLY
+_POSITIONAL_OR_KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 #: Arguments TRL's GRPOTrainer passes that are shared by the whole batch.
 TRL_SHARED = frozenset({"trainer_state", "log_extra", "log_metric"})
@@ -177,12 +179,15 @@ class Binder:
         include: Collection[str] | str | None,
         exclude: Collection[str] | str,
         shared: Collection[str] | str,
+        function: str = "the synced function",
     ) -> None:
+        self.function = function  # the reward's name, for messages
         self.signature = inspect.signature(fn)
         self.kinds = {name: p.kind for name, p in self.signature.parameters.items()}
         params = self.signature.parameters.values()
         self._var_keyword = next((p.name for p in params if p.kind is _VAR_KEYWORD), None)
         self._required = [p.name for p in params if p.default is p.empty and p.kind in _BY_NAME]
+        self._positional = [p.name for p in params if p.kind in (_POSITIONAL_ONLY, _POSITIONAL_OR_KEYWORD)]
         # keyword-only calls (TRL's) bind without inspect when no parameter is positional-only or *args
         self._fast = all(p.kind in _BY_NAME or p.kind is _VAR_KEYWORD for p in params)
         self.include = _names("include", include)
@@ -213,6 +218,21 @@ class Binder:
             arguments[self._var_keyword] = extra  # type: ignore[index]
         return arguments
 
+    def local_count(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        """The local batch size :meth:`bind` would find (the first per-sample argument's length), cheaply.
+
+        For checking a result in a single process, where nothing is bound; ``None`` without a per-sample
+        argument.
+        """
+        shared, positional = self.shared, self._positional
+        for i, v in enumerate(args):
+            if (i >= len(positional) or positional[i] not in shared) and container_of(v) is not None:
+                return len(v)
+        for k, v in kwargs.items():
+            if k not in shared and container_of(v) is not None:
+                return len(v)
+        return None
+
     def _slots(self, arguments: dict[str, Any]) -> Iterator[tuple[str, Any, bool]]:
         """Yield ``(name, value, named_by_function)`` for every argument of the call."""
         kinds = self.kinds
@@ -237,7 +257,10 @@ class Binder:
         arguments = None if args else self._bind_keywords(kwargs)
         positional = None
         if arguments is None:
-            arguments = dict(self.signature.bind(*args, **kwargs).arguments)
+            try:
+                arguments = dict(self.signature.bind(*args, **kwargs).arguments)
+            except TypeError as e:
+                raise TypeError(self._misfit(e)) from None  # inspect's words alone name no function
             positional = self.signature if args else None
         columns: list[Column] = []
         droppable: set[str] = set()
@@ -277,12 +300,42 @@ class Binder:
                 "lists, e.g. f(completions=[...], ...)."
             )
         if len(set(lengths.values())) > 1:
-            listing = ", ".join(f"{k}={v}" for k, v in lengths.items())
-            raise InputError(
-                f"per-sample arguments have different lengths on this rank: {listing}. Every per-sample column "
-                "needs one entry per local sample. HINT: if an argument is shared by all samples rather than "
-                "per-sample, pass shared=[<name>] to synced_reward."
-            )
+            raise InputError(self._lengths_differ(lengths))
         columns.sort(key=lambda c: c.name)
         n = next(iter(lengths.values()))
         return Bound(arguments, columns, frozenset(droppable), excluded, n, call_step(shared), self.kinds, positional)
+
+    def _misfit(self, e: TypeError) -> str:
+        """What a call whose arguments do not fit the function's signature says (``e``: inspect's words)."""
+        if str(e).startswith("missing"):
+            hint = (
+                "pass it on every rank (TRL passes each dataset column as a keyword argument: check that every "
+                "rank's batch has that column), or give the parameter a default"
+            )
+        else:
+            hint = "call it as its signature says (a **kwargs parameter takes the columns it does not name)"
+        bare = self.signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in self.signature.parameters.values()],
+            return_annotation=inspect.Signature.empty,
+        )
+        return (
+            f"synced function {self.function!r} was called with arguments that do not fit its signature "
+            f"{bare}: {e}. HINT: {hint}."
+        )
+
+    def _lengths_differ(self, lengths: dict[str, int]) -> str:
+        """What per-sample columns of different lengths say; the hint names the odd ones out.
+
+        The batch size is the length of TRL's own columns where the call has them, else the most common one.
+        """
+        listing = ", ".join(f"{k}={v}" for k, v in lengths.items())
+        trl = [lengths[k] for k in ("completions", "prompts", "completion_ids") if k in lengths]
+        counts = list(lengths.values())
+        n = trl[0] if trl else max(counts, key=counts.count)
+        odd = [k for k, v in lengths.items() if v != n]
+        return (
+            f"per-sample arguments of {self.function!r} have different lengths on this rank: {listing}. Every "
+            f"per-sample column needs one entry per local sample ({n} here). HINT: if {', '.join(map(repr, odd))} "
+            f"{'is' if len(odd) == 1 else 'are'} shared by all samples rather than per-sample, pass shared={odd!r} "
+            f"to the synced_reward of {self.function!r}; otherwise pass one entry per sample."
+        )

@@ -212,12 +212,26 @@ def _unsupported(obj: object) -> UnsupportedTypeError:
             "mask as two columns, e.g. values=x.filled(<fill value>) and mask=np.ma.getmaskarray(x), and rebuild "
             "it with np.ma.masked_array(values, mask) inside the function."
         )
-    return UnsupportedTypeError(
-        f"cannot send a {_type_name(obj)} between ranks: syncreward's wire format carries plain data only "
+    error = UnsupportedTypeError(_plain_only(_type_name(obj)))
+    error.unsupported_type = _type_name(obj)  # type: ignore[attr-defined]  # encode_frame rewrites the hint
+    return error
+
+
+def _plain_only(type_name: str, column: str | None = None, function: str | None = None) -> str:
+    """What a value the wire cannot carry says.
+
+    With the column and the reward it is an input of, the hint names both (``exclude=['meta']``).
+    """
+    leave = (
+        f"if {function!r} does not need column {column!r}, pass exclude=[{column!r}] to its synced_reward; otherwise "
+        if column is not None and function is not None
+        else ""
+    )
+    return (
+        f"cannot send a {type_name} between ranks: syncreward's wire format carries plain data only "
         "(str, bytes, int, float, bool, None, list, tuple, dict, numpy arrays/scalars, torch tensors, "
-        "and PIL images in named columns). "
-        "HINT: pass exclude=[<column>] if the function does not need this column, convert it to plain data, "
-        "or pass allow_pickle=True (pickle runs code when decoded: trusted clusters only)."
+        f"and PIL images in named columns). HINT: {leave}convert it to plain data, or pass allow_pickle=True "
+        "(pickle runs code when decoded: trusted clusters only)."
     )
 
 
@@ -1460,11 +1474,13 @@ def encode_frame(
     out: bytearray | None = None,
     droppable: frozenset[str] = frozenset(),
     dropped: list[str] | None = None,
+    function: str | None = None,
 ) -> bytearray:
     """Encode ``columns`` (each ``nrows`` long) and an optional generic ``meta`` value as one frame.
 
     A column named in ``droppable`` that holds non-plain data is left out (never pickled) and its name
-    appended to ``dropped`` instead of raising.
+    appended to ``dropped`` instead of raising. ``function``: the reward whose inputs the columns are (its
+    name goes into the hint of a column the wire cannot carry); ``None`` for results.
 
     Raises:
         UnsupportedTypeError: a column (not in ``droppable``) or ``meta`` holds something the wire format
@@ -1505,7 +1521,9 @@ def encode_frame(
                     dropped.append(col.name)
                 continue
             if isinstance(e, UnsupportedTypeError):
-                raise UnsupportedTypeError(f"column {col.name!r}: {e}") from e
+                kind = getattr(e, "unsupported_type", None)
+                text = _plain_only(kind, col.name, function) if kind is not None and function is not None else e
+                raise UnsupportedTypeError(f"column {col.name!r}: {text}") from e
             if isinstance(e, SyncRewardError):
                 raise
             if isinstance(e, RecursionError):

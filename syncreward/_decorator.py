@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast, overload
 
 from typing_extensions import ParamSpec
 
+from ._batch import check_result
 from ._binding import Binder
 from ._group import GroupMode, RewardGroup
 from ._identity import Identity, call_site, innermost, reward_target
@@ -76,6 +77,28 @@ def _check_options(options: Options) -> None:
         )
     if isinstance(backend, str) and backend not in BACKEND_NAMES:
         raise ValueError(unknown_backend_message(backend))
+
+
+def _not_a_function(decorator: str, value: object) -> str:
+    """What a positional argument that is not a reward function says (``@synced_reward("replicate")``)."""
+    if isinstance(value, str) and value in MODES:
+        keyword = f"mode={value!r}"
+    elif isinstance(value, str) and value in BACKEND_NAMES:
+        keyword = f"backend={value!r}"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        keyword = f"timeout={value!r}"
+    else:
+        keyword = ""
+    eg = "" if keyword else "e.g. "
+    keyword = keyword or "mode='replicate'"
+    if decorator == "synced_reward":
+        what, example = "the reward function as its only positional argument", f"@synced_reward({keyword})"
+    else:
+        what, example = "reward functions as its positional arguments", f"synced_rewards(f, g, {keyword})"
+    return (
+        f"{decorator}() takes {what}, not {value!r} (a {type(value).__name__}). HINT: pass options as "
+        f"keywords: {eg}{example}."
+    )
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Options))
@@ -168,8 +191,9 @@ def synced_reward(
         ValueError: invalid options (at decoration time).
 
     Examples:
-        In one process the wrapped function is simply called; on several ranks each rank passes its own
-        completions and gets back its own rewards, computed over the global batch.
+        In one process the wrapped function is simply called (its result checked as on several ranks); on
+        several ranks each rank passes its own completions and gets back its own rewards, computed over the
+        global batch.
 
         >>> from syncreward import synced_reward
         >>> @synced_reward
@@ -181,6 +205,8 @@ def synced_reward(
         [0.0, 1.0, 0.5]
     """
     options = _given(locals())
+    if fn is not None and not callable(fn):
+        raise TypeError(_not_a_function("synced_reward", fn))
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         return cast(Callable[P, R], wrap(func, MODES[mode], options))
@@ -243,6 +269,9 @@ def synced_rewards(
     """
     if not fns:
         raise ValueError("synced_rewards() needs at least one reward function")
+    for fn in fns:
+        if not callable(fn):
+            raise TypeError(_not_a_function("synced_rewards", fn))
     gathering = tuple(name for name, m in MODES.items() if isinstance(m, GatherMode))
     if mode not in gathering:
         raise ValueError(f"synced_rewards() takes mode={' or '.join(map(repr, gathering))}, not {mode!r}")
@@ -259,13 +288,13 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options) -> Any:
         return type(func)(wrap(func.__func__, impl, options))
     backend, process_group, group_by = options.backend, options.process_group, options.group_by
     include, exclude, shared = options.include, options.exclude, options.shared
-    binder = Binder(func, include=include, exclude=exclude, shared=shared)
+    display, name = _display_name(func), _stable_name(func)
+    binder = Binder(func, include=include, exclude=exclude, shared=shared, function=name)
     if group_by is not None and group_by in binder.shared:
         raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
-    display = _display_name(func)
     spec = Spec(
         fn=func,
-        name=_stable_name(func),
+        name=name,
         identity=Identity(func, display),
         options=dataclasses.replace(options, timeout=float(options.timeout)),
         binder=binder,
@@ -278,8 +307,8 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options) -> Any:
             if nested():  # inside a synced call the data is already global
                 return await async_func(*args, **kwargs)
             be = resolve_backend(backend, process_group)
-            if be.world_size == 1:
-                return await async_func(*args, **kwargs)
+            if be.world_size == 1:  # checked as on several ranks, so a wrong result fails here too
+                return check_result(await async_func(*args, **kwargs), binder.local_count(args, kwargs), name)
             return await call_async(spec, be, args, kwargs, call_site(sys._getframe(1)))
 
         wrapper: Callable[..., Any] = async_wrapper
@@ -289,8 +318,8 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options) -> Any:
             if nested():  # inside a synced call the data is already global
                 return func(*args, **kwargs)
             be = resolve_backend(backend, process_group)
-            if be.world_size == 1:
-                return func(*args, **kwargs)
+            if be.world_size == 1:  # checked as on several ranks, so a wrong result fails here too
+                return check_result(func(*args, **kwargs), binder.local_count(args, kwargs), name)
             return call_sync(spec, be, args, kwargs, call_site(sys._getframe(1)))
 
         wrapper = sync_wrapper

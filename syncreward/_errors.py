@@ -136,11 +136,14 @@ def timeout_message(missing: Sequence[int], timeout: float, of: str = "") -> str
             f"rank(s) {list(missing)}{of} did not arrive within timeout={timeout:g}s (hung, still busy, dead, or they "
             "made fewer synced calls than this rank)"
         )
+        who = f"rank(s) {list(missing)}"
     else:
         what = f"every rank arrived, but the data did not get through within timeout={timeout:g}s"
+        who = "a rank"
     return (
-        f"{what}. HINT: raise timeout= if the scoring rank legitimately takes longer; make every rank make the same "
-        "synced calls. The group is now unusable."
+        f"{what}. HINT: raise timeout= if {who} legitimately take(s) longer to get here (a slow reward on the "
+        "scoring rank, long work between synced calls); otherwise make every rank make the same synced calls. "
+        "The group is now unusable."
     )
 
 

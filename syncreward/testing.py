@@ -171,6 +171,36 @@ def _tail(path: str, limit: int = 8000) -> str:
         return ""
 
 
+_DIED_STARTING = (
+    "it died while starting, before it ran fn: importing fn's module or unpickling fn and its arguments failed "
+    "(the error is on this process's stderr, above). HINT: a script that calls run_ranks needs an "
+    "`if __name__ == '__main__':` guard around it (each rank imports the script again); fn must be importable "
+    "by name in a fresh process."
+)
+
+
+def _check_spawnable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Raise ``TypeError`` for an ``fn`` (or arguments) that fresh processes cannot receive, saying why."""
+    main = sys.modules.get("__main__")
+    if getattr(fn, "__module__", None) == "__main__" and main is not None and getattr(main, "__spec__", None) is None:
+        path = getattr(main, "__file__", None)
+        if path is None or not os.path.isfile(path):
+            raise TypeError(
+                f"run_ranks() cannot send {fn!r} to its ranks: it is defined in a __main__ read from stdin, "
+                "`python -c` or an interactive session, which the fresh rank processes cannot import. HINT: put "
+                "fn in a file and import it from there (or run the file itself, with an "
+                "`if __name__ == '__main__':` guard); run_threads runs any callable, closures included."
+            )
+    try:
+        pickle.dumps((fn, args))
+    except Exception as e:
+        raise TypeError(
+            f"run_ranks() cannot send fn or its arguments to its ranks: {type(e).__name__}: {e}. HINT: fn must be "
+            "a function defined at module level (not a lambda, a closure or one made by exec) and its arguments "
+            "picklable; run_threads runs any callable, closures included."
+        ) from e
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
@@ -195,7 +225,10 @@ def run_ranks(
 
     Raises:
         RanksFailed: a rank raised, died or did not finish in time; holds every failing rank's output.
+        TypeError: ``fn`` or its arguments cannot reach fresh processes (a lambda, a closure, a function
+            defined in ``python -c`` or stdin, an unpicklable argument).
     """
+    _check_spawnable(fn, args)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -238,7 +271,8 @@ def run_ranks(
                         break
                 for r in dead:
                     if r not in outcome:
-                        outcome[r] = ("died", f"process exited with code {procs[r].exitcode}\n{_tail(logs[r])}")
+                        log = _tail(logs[r]) or _DIED_STARTING
+                        outcome[r] = ("died", f"process exited with code {procs[r].exitcode}\n{log}")
             if time.monotonic() > deadline:
                 break
     finally:

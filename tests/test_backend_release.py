@@ -62,7 +62,7 @@ def test_init_call_destroy_cycles_keep_fds_and_threads_flat() -> None:
     ports: set[int] = set()
     while len(ports) < CYCLES:  # distinct: two calls may hand out the same free port
         ports.add(free_port())
-    out = run_ranks(cycles_body, 2, sorted(ports), timeout=60, backend="none")
+    out = run_ranks(cycles_body, 2, sorted(ports), timeout=120, backend="none")
     expected = batch_normalized([f"r{r}-" + "x" * i for r in range(2) for i in range(r + 2)])
     for rank, res in enumerate(out):
         lo = 0 if rank == 0 else 2
@@ -96,7 +96,7 @@ def released_backend_body(rank: int, world_size: int) -> str:
 
 
 def test_a_backend_kept_across_destroy_is_released() -> None:
-    for text in run_ranks(released_backend_body, 2, timeout=60, backend="none"):
+    for text in run_ranks(released_backend_body, 2, timeout=120, backend="none"):
         assert "was released" in text, text
 
 
@@ -125,5 +125,5 @@ def held_world_body(rank: int, world_size: int) -> list[tuple[int, bool]]:
 
 
 def test_a_destroyed_job_still_referenced_elsewhere_is_released_at_the_next_jobs_call() -> None:
-    for res in run_ranks(held_world_body, 2, timeout=60, backend="none"):
+    for res in run_ranks(held_world_body, 2, timeout=120, backend="none"):
         assert res == [(1, True)] * 3, res

@@ -63,7 +63,7 @@ def _broken_latch_body(rank: int, world_size: int, done: str, warm: bool) -> dic
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("warm", [True, False], ids=["after-a-good-call", "first-call"])
 def test_broken_latch_later_calls_fail_fast(tmp_path: Path, warm: bool) -> None:
-    results = run_ranks(_broken_latch_body, 2, str(tmp_path / "done"), warm, timeout=60)
+    results = run_ranks(_broken_latch_body, 2, str(tmp_path / "done"), warm, timeout=120)
     r0 = results[0]
     problems = []
     for i, (kind, info, seconds) in enumerate(r0["concurrent"]):

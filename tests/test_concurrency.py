@@ -36,7 +36,7 @@ def test_concurrency_100_async_calls_complete() -> None:
     exchange; none may take the resources (threads) that the first call needs to finish.
     """
     n = 100
-    results = run_ranks(_many_async_calls_body, 2, n, timeout=60)
+    results = run_ranks(_many_async_calls_body, 2, n, timeout=120)
     problems = []
     for rank, got in enumerate(results):
         for j, value in enumerate(got):

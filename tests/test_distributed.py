@@ -391,7 +391,7 @@ def columns_body(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def test_non_plain_kwargs_columns_are_left_behind_with_a_placeholder() -> None:
-    results = run_ranks(columns_body, 2, timeout=60)
+    results = run_ranks(columns_body, 2, timeout=120)
     for res in results:
         assert res["ignored"] == ("ok", [8.0, 8.0], res["ignored"][2])
         assert res["included"][:2] == ("ok", [4.0, 4.0])

@@ -83,3 +83,25 @@ def test_api_reference_hides_private_parameters(site: Path) -> None:
     text = re.sub(r"<[^>]+>", "", (site / "api" / "index.html").read_text())
     assert "join(group, rank, world_size, *, timeout=" in text
     assert "_settings" not in text
+
+
+def test_docs_strict_build_fails_on_a_broken_anchor(tmp_path: Path) -> None:
+    """A link to a heading that does not exist (a renamed troubleshooting entry) fails the strict build."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    import shutil
+
+    for name in ("docs", "syncreward"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    page = tmp_path / "docs" / "index.md"
+    page.write_text(page.read_text() + "\n[gone](troubleshooting.md#no-such-entry)\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "does not contain an anchor '#no-such-entry'" in proc.stderr

@@ -226,3 +226,13 @@ def test_trl_grpo_example() -> None:
     block_lines = re.compile(r"^(rank \d \w+ +prompt_id|  per-rank|  synced) ")
     missing = [x for x in sample.splitlines() if x.strip() and not block_lines.match(x) and x not in out]
     assert not missing, (missing, out[-4000:])
+
+
+@pytest.mark.trl
+def test_trl_grpo_example_in_one_process() -> None:
+    # `python examples/trl_grpo.py`, as the other examples run (ddp_backend="gloo" needs a process group)
+    pytest.importorskip("trl")
+    out = _launch([sys.executable, str(EXAMPLES / "trl_grpo.py")], timeout=240, env=TRL_ENV)
+    assert "generation batch: 8 completions = 2 prompts x 4, 8 per rank" in out, out[-4000:]
+    assert "trained 2 steps on 1 ranks" in out, out[-4000:]
+    assert out.split().count("done") == 1, out[-4000:]

@@ -8,6 +8,7 @@ empty rank and one process; one tiny launch of benchmarks/bench_expensive.py che
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,24 @@ def test_bench_expensive_smoke(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]  # exit 1: composed != main somewhere
     assert "composed/unsynced" in proc.stdout
+
+
+@pytest.mark.multiprocess
+def test_expensive_reward_example_prints_the_three_timings() -> None:
+    # the guide's headline is a timing: the example prints it too, not only that the rewards are right
+    cmd = [sys.executable, str(ROOT / "examples" / "expensive_reward.py"), "--ranks", "2", "--rounds", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "composed == main-mode reward: True" in proc.stdout
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("ms per call")), "")
+    m = re.fullmatch(
+        r"ms per call \(median of 2 calls, slowest rank\): unsynced ([\d.]+) \(wrong\), synced whole ([\d.]+), "
+        r"composed ([\d.]+)",
+        line,
+    )
+    assert m is not None, proc.stdout
+    unsynced, whole, composed = map(float, m.groups())
+    assert unsynced >= 8 * 4  # 8 completions per rank at 4 ms each, at least
+    assert composed >= 8 * 4  # the same local work, then the synced combine
+    assert whole >= 16 * 4  # rank 0 verifies all 16

@@ -46,7 +46,7 @@ def _late_rank_body(rank: int, world_size: int, mode: str, done: str) -> tuple[s
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["main", "replicate"])
 def test_late_rank_fails_the_same_call(tmp_path: Path, mode: str) -> None:
-    (r0, r1) = run_ranks(_late_rank_body, 2, mode, str(tmp_path / "done"), timeout=60)
+    (r0, r1) = run_ranks(_late_rank_body, 2, mode, str(tmp_path / "done"), timeout=120)
     problems = []
     if r1[0] != "CommunicationError":
         problems.append(f"rank 1 (on time) gave {r1[0]}: {r1[1]}")

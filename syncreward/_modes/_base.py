@@ -167,6 +167,7 @@ class Call:
             allow_pickle=self.spec.options.allow_pickle,
             droppable=self.droppable,
             dropped=dropped,
+            function=self.spec.name,
         )
         return Payload(frame, tuple(dropped))
 

@@ -53,7 +53,8 @@ class MainMode(GatherMode):
             if col.name in call.droppable:
                 dropped.append(col.name)
             else:
-                encode_frame([col], call.bound.n)  # raises the codec's UnsupportedTypeError for this column
+                # raises the codec's UnsupportedTypeError for this column
+                encode_frame([col], call.bound.n, function=call.spec.name)
         return Payload(b"", tuple(dropped))
 
     def route(self, world_size: int) -> np.ndarray:

@@ -135,7 +135,8 @@ class ShardMode(Mode[ShardScoring]):
         if by is None:
             return Payload(b"", dropped)
         col = next(c for c in call.bound.columns if c.name == by)
-        return Payload(encode_frame([col], call.bound.n), dropped)  # only the group keys travel before the plan
+        # only the group keys travel before the plan
+        return Payload(encode_frame([col], call.bound.n, function=call.spec.name), dropped)
 
     # ------------------------------------------------------------------------------------------ inbound
 

@@ -18,11 +18,10 @@ class Backend(Protocol):
     order per ``channel``; the two channels (0 and 1) must be independent (operations on one may
     interleave with operations on the other), which lets concurrent ``async`` synced calls overlap.
 
-    An implementation raises [`SyncTimeoutError`][syncreward.SyncTimeoutError] when the others do not
-    arrive within ``timeout`` seconds and [`CommunicationError`][syncreward.CommunicationError] when the
-    transport fails. It need not remember failures: syncreward stops using a backend after any such
-    error (every later call raises [`GroupBrokenError`][syncreward.GroupBrokenError] without touching
-    it).
+    An implementation raises ``syncreward.SyncTimeoutError`` when the others do not arrive within
+    ``timeout`` seconds and ``syncreward.CommunicationError`` when the transport fails. It need not
+    remember failures: syncreward stops using a backend after any such error (every later call raises
+    ``syncreward.GroupBrokenError`` without touching it).
 
     A backend may also offer ``scatter(send, size, *, root, channel, timeout)``: rank ``root`` sends each
     rank (itself included) its ``size``-byte block of ``send`` (``world_size`` blocks in rank order; other

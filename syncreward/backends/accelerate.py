@@ -17,7 +17,8 @@ def _partial_state() -> Any:
         from accelerate import PartialState
     except ImportError as e:
         raise ImportError(
-            "backend='accelerate' needs the accelerate package. HINT: pip install 'syncreward[accelerate]'"
+            "backend='accelerate' needs the accelerate package. HINT: pip install accelerate "
+            "(or, in a checkout of syncreward, pip install -e '.[accelerate]')"
         ) from e
     return PartialState()
 

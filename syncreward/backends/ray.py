@@ -48,6 +48,7 @@ the job ends (its actors die with the driver). :func:`destroy` removes it at onc
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import os
@@ -63,7 +64,10 @@ try:
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError, RayError
 except ImportError as e:  # pragma: no cover - exercised only without ray
-    raise ImportError("backend='ray' needs the ray package. HINT: pip install 'syncreward[ray]'") from e
+    raise ImportError(
+        "backend='ray' needs the ray package. HINT: pip install ray "
+        "(or, in a checkout of syncreward, pip install -e '.[ray]')"
+    ) from e
 
 from .._errors import (
     BackendError,
@@ -568,7 +572,7 @@ def join(
         timeout: seconds to wait for the coordinator actor to be created and to answer.
 
     Returns:
-        The :class:`RayBackend` of this member (also usable as ``synced_reward(backend=...)``).
+        The ``RayBackend`` of this member (also usable as ``synced_reward(backend=...)``).
 
     Raises:
         BackendError: Ray is not initialised, the arguments are invalid, the group exists with another
@@ -639,6 +643,13 @@ def join(
             _heartbeat_thread = threading.Thread(target=_heartbeat_loop, name="syncreward-ray-heartbeat", daemon=True)
             _heartbeat_thread.start()
     return backend
+
+
+# ``_settings`` (test-only knobs) is not part of the API: help() and inspect.signature() show join without it
+_signature = inspect.signature(join)
+join.__signature__ = _signature.replace(  # type: ignore[attr-defined]
+    parameters=[p for p in _signature.parameters.values() if not p.name.startswith("_")]
+)
 
 
 def joined_backends() -> list[RayBackend]:

@@ -152,7 +152,7 @@ _FAILURES: tuple[_Failure, ...] = (
         ("timed out", "timeout"),
         SyncTimeoutError,
         "the ranks did not finish within timeout= ({message}). HINT: a rank did not arrive in time (hung, still "
-        "busy, dead, or it made fewer synced calls); raise timeout= if the scoring rank legitimately takes longer. "
+        "busy, dead, or it made fewer synced calls); raise timeout= if it legitimately takes longer to get there. "
         "The group is now unusable.",
     ),
     _Failure(  # the catch-all: keep it last
@@ -272,6 +272,12 @@ class TorchDistributedBackend:
         with contextlib.suppress(Exception):  # so that a rank that gives up can say who never came
             store.set(f"syncreward/arrived-setup/{self._ranks[self._rank]}", "1")
         name = _agreed_name(self.name, self._pg is None, self._ranks)
+        # Wait for every member's arrival mark first (polling, silently): a rank that never comes is named at
+        # timeout= without gloo's rendezvous waiting in the store, which logs "[c10d] waitForInput ... timed
+        # out" lines before our error. A store that cannot say (an error from check) leaves it to the rendezvous.
+        missing = self._await_setup(store, time.monotonic() + timeout)
+        if missing:
+            raise SyncTimeoutError(self._setup_timeout_text(missing, timeout), missing)
         try:
             # the rendezvous has no wait loop of ours around it: its own timeout is the user's
             groups = [
@@ -289,13 +295,7 @@ class TorchDistributedBackend:
             if not _is_timeout(e):
                 raise _translate(e) from e
             missing = self._missing_at_setup(store)
-            who = f"rank(s) {missing} did not make their first synced call" if missing else "the others did not arrive"
-            raise SyncTimeoutError(
-                f"{who} within timeout={timeout:g}s, so syncreward could not connect ranks {self._ranks}. HINT: every "
-                "rank of the group must make the same synced calls; raise timeout= if some ranks legitimately start "
-                "much later.",
-                missing,
-            ) from e
+            raise SyncTimeoutError(self._setup_timeout_text(missing, timeout), missing) from e
         self._store = dist.PrefixStore(f"{name}/", store)  # type: ignore[attr-defined]
         self._name = name
         log.debug("created syncreward gloo groups %s in %.3fs", name, time.perf_counter() - t0)
@@ -310,6 +310,31 @@ class TorchDistributedBackend:
         except Exception:  # pragma: no cover - private API moved
             log.debug("no rendezvous store available", exc_info=True)
             return None
+
+    def _setup_timeout_text(self, missing: Sequence[int], timeout: float) -> str:
+        who = (
+            f"rank(s) {list(missing)} did not make their first synced call" if missing else "the others did not arrive"
+        )
+        return (
+            f"{who} within timeout={timeout:g}s, so syncreward could not connect ranks {self._ranks}. HINT: every "
+            "rank of the group must make the same synced calls; raise timeout= if some ranks legitimately start "
+            "much later."
+        )
+
+    def _await_setup(self, store: Any, deadline: float) -> list[int]:
+        """Poll until every member has marked its arrival; the ones still missing at ``deadline``."""
+        keys = [f"syncreward/arrived-setup/{g}" for g in self._ranks]
+        pause = 0.002
+        while True:
+            try:
+                if store.check(keys):
+                    return []
+            except Exception:
+                return []
+            if time.monotonic() >= deadline:
+                return self._missing_at_setup(store)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.05)
 
     def _missing_at_setup(self, store: Any) -> list[int]:
         if store is None:
