@@ -198,3 +198,74 @@ def test_group_by_values_that_are_not_plain_data_raise_on_every_rank() -> None:
     assert "HINT" in results[1][1]
     assert results[0][0] == "RemoteError", results
     assert results[0][1][:2] == (1, "syncreward.InputError")
+
+
+# ------------------------------------------------------------------- log_metric: the batch's value in shard mode
+# TRL averages every log_metric call of a step over all ranks. In shard mode each scoring rank logs for its own
+# share, so every rank replays one value per name: the scoring ranks' values weighted by the samples each scored.
+# Prompt 0 has 6 completions, prompt 1 has 2: rank 0 scores 6 samples (2 correct), rank 1 scores 2 (2 correct).
+# The batch's accuracy is 4/8 = 0.5; the plain mean of the two shards' accuracies would be (1/3 + 1) / 2.
+
+METRIC_PROMPTS = [0] * 6 + [1] * 2
+METRIC_CORRECT = [1, 1, 0, 0, 0, 0, 1, 1]
+
+
+def label_accuracy(completions: Any, prompt_id: Any, correct: Any, log_metric: Any, **kwargs: Any) -> list[float]:
+    log_metric("accuracy", sum(correct) / len(correct))
+    log_metric("scored", float(len(correct)))
+    if len(completions) == 2:  # a name only one scoring rank logs, twice: its mean, that rank alone
+        log_metric("only_small", 1.0)
+        log_metric("only_small", 0.0)
+    return [float(c) for c in correct]
+
+
+shard_accuracy = synced_reward(mode="shard", group_by="prompt_id", timeout=60)(label_accuracy)
+
+
+def _metric_body(rank: int, world_size: int) -> list[tuple[str, float]]:
+    rows = slice(4 * rank, 4 * rank + 4)  # 4 rows per rank: prompt 0's group is split 4 + 2
+    logged: list[tuple[str, float]] = []
+    shard_accuracy(
+        completions=[f"c{i}" for i in range(8)][rows],
+        prompt_id=METRIC_PROMPTS[rows],
+        correct=METRIC_CORRECT[rows],
+        log_metric=lambda name, value: logged.append((name, value)),
+    )
+    return logged
+
+
+def _check_metric_logs(logged: list[list[tuple[str, float]]]) -> None:
+    want = [("accuracy", 0.5), ("scored", (6 * 6 + 2 * 2) / 8), ("only_small", 0.5)]
+    for rank, calls in enumerate(logged):
+        assert [name for name, _ in calls] == [name for name, _ in want], (rank, calls)
+        assert [v for _, v in calls] == pytest.approx([v for _, v in want]), (rank, calls)
+    # what TRL logs: the mean of every call on every rank
+    accuracy = [v for calls in logged for name, v in calls if name == "accuracy"]
+    assert sum(accuracy) / len(accuracy) == pytest.approx(sum(METRIC_CORRECT) / len(METRIC_CORRECT))
+
+
+def test_log_metric_in_shard_mode_logs_the_batch_mean_on_threads() -> None:
+    _check_metric_logs(run_threads(_metric_body, 2, timeout=60))
+
+
+@pytest.mark.multiprocess
+def test_log_metric_in_shard_mode_logs_the_batch_mean_on_gloo_ranks() -> None:
+    _check_metric_logs(run_ranks(_metric_body, 2, timeout=120))
+
+
+def _text_metric_body(rank: int, world_size: int) -> tuple[str, Any]:
+    def reward(completions: Any, log_metric: Any, **kwargs: Any) -> list[float]:
+        log_metric("note", "not a number" if completions[0] == "r1" else 1.0)
+        return [0.0] * len(completions)
+
+    synced = synced_reward(mode="shard", group_size=1, timeout=30)(reward)
+    return outcome(synced, [f"r{rank}"], log_metric=lambda name, value: None)[:2]
+
+
+def test_log_metric_in_shard_mode_with_a_value_that_is_no_number_raises_on_every_rank() -> None:
+    results = run_threads(_text_metric_body, 2, timeout=60)
+    assert results[1][0] == "InputError", results
+    assert "log_metric('note', value)" in results[1][1]
+    assert "HINT" in results[1][1]
+    assert results[0][0] == "RemoteError", results
+    assert results[0][1][:2] == (1, "syncreward.InputError")

@@ -301,12 +301,13 @@ class ShardMode(Mode[ShardScoring]):
                 keys, cols = result_columns(result.value, n, call.spec.name)
                 signature = result_signature(keys, cols)
                 logs.check(n)
+                logs.check_metrics()
                 pos = 0
                 for s in range(w):  # every rank gets a frame, empty or not: it rebuilds its result's shape from it
                     count = plan.share.get(s, 0)
                     rows = slice(pos, pos + count)
                     part = take_columns(cols, rows)
-                    meta = {"keys": keys, "logs": logs.rows(rows)}
+                    meta = {"keys": keys, "logs": logs.rows(rows), "scored": n}
                     if s == me:
                         own = (part, meta)
                     else:
@@ -354,7 +355,9 @@ class ShardMode(Mode[ShardScoring]):
     ) -> Any:
         """Put the results from every scoring rank back into this rank's local sample order, matching dict keys."""
         n = sum(len(rows) for rows in plan.sent)
-        logs.replay_scattered(n, [(plan.sent[d], parts[d][1].get("logs", ())) for d in sorted(parts)])
+        logs.replay_scattered(
+            n, [(plan.sent[d], parts[d][1].get("logs", ()), int(parts[d][1].get("scored", 0))) for d in sorted(parts)]
+        )
         scorers = sorted(parts)
         if not scorers:
             return []
