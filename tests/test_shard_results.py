@@ -151,8 +151,20 @@ def test_group_by_keys_are_the_same_in_every_process() -> None:
         (np.float32(0.5), 0.5),
         ([1, "a"], [1.0, "a"]),
         (np.array([1, 2]), [1, 2]),
+        (np.str_("a"), "a"),  # a top-level str takes a shortcut: the same key as the general path
+        (10**30, np.array([10**30], dtype=object)[0]),
     ],
-    ids=["dict-order", "int-float", "bool-int", "numpy-int", "numpy-float", "nested", "array-list"],
+    ids=[
+        "dict-order",
+        "int-float",
+        "bool-int",
+        "numpy-int",
+        "numpy-float",
+        "nested",
+        "array-list",
+        "numpy-str",
+        "bigint",
+    ],
 )
 def test_group_by_equal_values_share_a_key(a: Any, b: Any) -> None:
     ka, kb = group_keys([a], C_LIST, "k"), group_keys([b], C_LIST, "k")
