@@ -16,6 +16,7 @@ Run from the repository root::
     python benchmarks/bench_codec.py                      # trl and large, 30 rounds
     python benchmarks/bench_codec.py --rounds 60 --columns  # and each column on its own
     python benchmarks/bench_codec.py --images 8            # and a column of 8 PIL images (448x448 RGB)
+    python benchmarks/bench_codec.py --payloads --tensors 64 --ref HEAD  # only tensor columns of 64 rows
 """
 
 from __future__ import annotations
@@ -180,13 +181,52 @@ def image_variants(count: int, side: int) -> dict[str, tuple[Callable[[], Any], 
     }
 
 
+def tensor_variants(
+    old: ModuleType | None, n: int, views: bool
+) -> dict[str, tuple[Callable[[], Any], Callable[[], Any], int]]:
+    """Tensor columns of ``n`` rows (rewards, token ids, logits): contiguous, or strided views of the same values.
+
+    ``views`` makes every column a strided view (``logits[:, 1]``-style), which the codec copies to C order.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    dense = {
+        "rewards": torch.randn(n, generator=g),
+        "completion_ids": torch.randint(0, 151_936, (n, 256), generator=g),
+        "logits": torch.randn(n, 2, generator=g, dtype=torch.float32).bfloat16(),
+    }
+    batch = {k: torch.stack([v, v], dim=1)[:, 1] for k, v in dense.items()} if views else dense
+    out: dict[str, tuple[Callable[[], Any], Callable[[], Any], int]] = {}
+    for name, codec in (("old", old), ("new", new_codec)):
+        if codec is None:
+            continue
+        cols = [codec.Column(k, codec.C_TENSOR, v) for k, v in batch.items()]
+        try:
+            frame = bytes(codec.encode_frame(cols, n))
+        except Exception as e:  # an older codec that refuses these views
+            print(f"# {name} codec cannot encode them: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        back = {c.name: c.values for c in codec.decode_frame(frame)[1]}
+        assert all(torch.equal(back[k], v) for k, v in batch.items())
+        out[name] = (
+            (lambda cols=cols, codec=codec: codec.encode_frame(cols, n)),
+            (lambda frame=frame, codec=codec: codec.decode_frame(frame)),
+            len(frame),
+        )
+    pick = pickle.dumps(batch, protocol=5)
+    out["pickle"] = (lambda: pickle.dumps(batch, protocol=5)), (lambda: pickle.loads(pick)), len(pick)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--payloads", nargs="+", default=["trl", "large"])
+    ap.add_argument("--payloads", nargs="*", default=["trl", "large"])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--ref", default="main", help="git ref of the codec to compare against ('' for none)")
     ap.add_argument("--columns", action="store_true", help="also measure each column on its own")
     ap.add_argument("--images", type=int, default=0, metavar="N", help="also N 448x448 RGB PIL images (a column)")
+    ap.add_argument("--tensors", type=int, default=0, metavar="N", help="also tensor columns of N rows (and views)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args()
     old = load_codec_at(args.ref) if args.ref else None
@@ -210,6 +250,13 @@ def main() -> None:
             "\nper image (medians): "
             + ", ".join(f"{v} encode {e:.3f} ms / decode {d:.3f} ms" for v, (e, d) in per.items())
         )
+    if args.tensors:
+        for views in (False, True):
+            what = "strided views" if views else "contiguous"
+            res = measure(tensor_variants(old, args.tensors, views), args.rounds)
+            results[f"tensors/{what}"] = res
+            print(table(f"tensors, {what}: rewards, completion_ids (x256), logits ({args.tensors} rows)", res))
+            print(flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -557,7 +557,9 @@ def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
         return np.empty(0, dtype=np.uint8)
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous().reshape(-1)
+    t = t.reshape(-1)  # a view where the data is contiguous, else a contiguous copy
+    if t.stride(0) != 1:  # one element viewed with a stride (logits[:, 1] of one sample): contiguous() keeps it
+        t = t.clone(memory_format=torch.contiguous_format)
     if t.dtype is torch.bool:
         t = t.to(torch.uint8)
     return t.view(torch.uint8).numpy()

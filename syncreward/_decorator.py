@@ -174,7 +174,9 @@ def synced_reward(
             every rank that did.
         group_size: with ``mode="shard"``: consecutive global samples form groups of this size (TRL's
             ``num_generations``).
-        group_by: with ``mode="shard"``: samples with equal values in this per-sample column form a group.
+        group_by: with ``mode="shard"``: samples with equal values in this per-sample column form a group,
+            compared by content (any plain value: ``group_by="prompts"`` groups TRL's completions by prompt,
+            plain-string or conversational).
         include: the ``**kwargs`` per-sample columns to exchange (default: all that hold plain data).
             Parameters the function names are always exchanged.
         exclude: per-sample columns not to exchange; the function receives a

@@ -5,10 +5,16 @@ table) and ``log_metric(name, value)``. A synced reward is scored on a batch tha
 own, so its calls are *recorded* where it runs, sliced to each rank's own samples, sent back with the
 results, and *replayed* on every rank with that rank's slice -- so every rank logs the same keys and
 the completions table stays row-aligned.
+
+TRL averages the ``log_metric`` values of a step over its calls on all ranks. So every rank replays the
+same value: in ``mode="main"`` the one scoring rank's value; in ``mode="shard"``, where each scoring rank
+logs for its share of the batch, one value per name and call, the scoring ranks' values weighted by the
+number of samples each scored (:meth:`Logs.replay_scattered`) -- the batch's value for a per-sample mean.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,6 +75,21 @@ class Logs:
             if kind == "extra":
                 self._check(key, value, n)
 
+    def check_metrics(self) -> None:
+        """Every recorded ``log_metric`` value is a number (shard mode averages them), made a ``float``."""
+        for i, (kind, key, value) in enumerate(self.records):
+            if kind != "metric":
+                continue
+            try:
+                number = float(value)
+            except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
+                raise InputError(
+                    f"log_metric({key!r}, value) was called with a {type(value).__name__} inside synced function "
+                    f"{self.function!r} in mode='shard', which averages each metric over the scoring ranks. HINT: "
+                    "pass a number (a float, an int or a one-element tensor)."
+                ) from None
+            self.records[i] = (kind, key, number)
+
     def rows(self, rows: slice | Sequence[int]) -> list[Record]:
         """The records as the owner of the given scored rows replays them (metrics whole, extras sliced)."""
         out: list[Record] = []
@@ -85,20 +106,34 @@ class Logs:
             if fn is not None:
                 fn(key, value)
 
-    def replay_scattered(self, n: int, parts: Sequence[tuple[Sequence[int], Sequence[Sequence[Any]]]]) -> None:
-        """Replay records from several scoring ranks: ``parts`` pairs the local rows each one scored with its records.
+    def replay_scattered(self, n: int, parts: Sequence[tuple[Sequence[int], Sequence[Sequence[Any]], int]]) -> None:
+        """Replay the records of several scoring ranks, each metric once per call.
 
-        Metrics are replayed as they come; the ``log_extra`` values of one column are put back into local
-        sample order (rows no scoring rank logged stay ``None``) and replayed once per column.
+        ``parts`` holds, per scoring rank in rank order, the local rows it scored, its records and the
+        number of samples it scored in all.
+
+        Each metric is replayed once: the mean over the scoring ranks that logged it of their values (a rank
+        that logged it several times: the mean of its values), weighted by the samples each scored, in order
+        of first appearance. Every rank receives every scoring rank's records, so every rank replays the same
+        value, which TRL's average over the ranks keeps. The ``log_extra`` values of one column are put back
+        into local sample order (rows no scoring rank logged stay ``None``) and replayed once per column.
         """
         extras: dict[str, list[Any]] = {}
-        for local_rows, records in parts:
+        metrics: dict[str, list[float]] = {}  # name -> [sum of weight x the rank's mean, sum of weights]
+        for local_rows, records, scored in parts:
+            logged: dict[str, list[float]] = {}
             for kind, key, value in records:
                 if kind == "metric":
-                    self.replay([(kind, key, value)])
+                    logged.setdefault(key, []).append(float(value))
                     continue
                 col = extras.setdefault(key, [None] * n)
                 for i, v in zip(local_rows, value, strict=True):
                     col[i] = v
+            for key, values in logged.items():
+                total = metrics.setdefault(key, [0.0, 0.0])
+                total[0] += scored * sum(values) / len(values)
+                total[1] += scored
+        for key, (weighted, weight) in metrics.items():
+            self.replay([("metric", key, weighted / weight if weight else math.nan)])
         for key, col in extras.items():
             self.replay([("extra", key, col)])

@@ -62,7 +62,7 @@ __all__ = [
     "split",
 ]
 
-VERSION = 0x5352_0003  # 3: replicate's status row carries the call's check record (6 words, was 4)
+VERSION = 0x5352_0004  # 4: shard mode's group_by keys travel as 16-byte content digests (3: replicate's check record)
 H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_DESC, H_AUX, H_DROP = range(10)
 DROP_WORDS = 4
 HEADER_LEN = H_DROP + DROP_WORDS

@@ -80,3 +80,24 @@ def test_scale_model_smoke(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     results = json.loads(out.read_text())
     assert results["model_exact"], results
+
+
+def test_bench_group_keys_smoke() -> None:
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bench_group_keys.py"),
+        "--rows",
+        "8",
+        "--world",
+        "2",
+        "--rounds",
+        "2",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "| conversational prompts | 2 |" in out, out
+
+
+def test_bench_codec_tensors_smoke() -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_codec.py"), "--payloads", "--tensors", "1", "--rounds", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True, cwd=ROOT).stdout
+    assert "tensors, strided views" in out, out

@@ -59,7 +59,7 @@ def same(a: Any, b: Any) -> bool:
         if a.numel() == 0:
             return True
         if a.dtype.is_floating_point or a.dtype.is_complex:  # bit-exact, NaN payloads and -0.0 included
-            a, b = a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
+            a, b = (t.reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8) for t in (a, b))
         return bool(torch.equal(a, b))
     if isinstance(a, np.ndarray):
         if a.dtype != b.dtype or a.shape != b.shape:

@@ -2,7 +2,9 @@
 
 For expensive rewards that only compare samples *within* a group (a judge that ranks the K completions
 of one prompt). Groups are consecutive runs of ``group_size`` global samples (TRL's ``num_generations``)
-or the samples sharing a value of the ``group_by`` column. Groups go to ranks in contiguous blocks of
+or the samples sharing a value of the ``group_by`` column, compared by content: each rank sends every
+rank a 16-byte digest of each sample's value (:func:`group_keys`), so a TRL conversational prompt (a list
+of message dicts) is a group key like a str. Groups go to ranks in contiguous blocks of
 about equal sample counts, so a group split across ranks by the sampler is scored whole, and the
 results are routed back to the ranks that own the samples.
 
@@ -13,14 +15,17 @@ if two differ every rank raises. Dict results are matched by key, never by posit
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from .._batch import concat, rebuild_result, result_columns, result_signature, take, take_columns
-from .._codec import C_LIST, C_TUPLE, Column, decode_frame, encode_frame
+from .._codec import C_LIST, C_NDARRAY, C_TENSOR, C_TUPLE, MAX_DEPTH, Column, decode_frame, encode_frame
 from .._errors import CodecError, InputError
 from .._exchange import Inbound, all_to_all, broadcast_blobs, status_round
 from .._logs import Logs
@@ -29,7 +34,9 @@ from .._outcome import Error, Outcome, Value
 from .._wire import INBOUND, OUTBOUND, split
 from ._base import Call, Mode, Payload, Scoring
 
-__all__ = ["ShardMode", "assign_by_key", "assign_by_size"]
+__all__ = ["KEY_BYTES", "ShardMode", "assign_by_key", "assign_by_size", "group_keys"]
+
+KEY_BYTES = 16  # a group key on the wire: the blake2b digest of a sample's group_by value
 
 
 def assign_by_size(total: int, group_size: int, world_size: int) -> list[int]:
@@ -55,18 +62,133 @@ def size_bounds(total: int, group_size: int, world_size: int) -> list[int]:
     return [min(total, -(-r * groups // world_size) * group_size) for r in range(world_size + 1)]
 
 
+def _canonical(value: Any, out: bytearray, depth: int) -> None:
+    """Append the canonical bytes of a plain value: equal values (``==``) write the same bytes in every process.
+
+    Numbers that compare equal write alike (``1``, ``1.0``, ``True``, ``np.int64(1)``); dicts are written in
+    the order of their keys (str keys: as str, else by their bytes); a list and a tuple differ
+    (``[1] != (1,)``); arrays and tensors are their ``tolist()``. Nothing depends on ``hash()``, which differs
+    between processes for str and bytes. Exact built-in types are dispatched first (the common case: TRL's
+    prompts are str or lists of str-keyed dicts of str), then subclasses and numpy types.
+    """
+    if depth > MAX_DEPTH:
+        raise TypeError(f"it is nested more than {MAX_DEPTH} levels deep")
+    t = type(value)
+    if t is str:
+        b = value.encode("utf-8", "surrogatepass")
+        out += b"s%d:" % len(b)
+        out += b
+    elif t is list or t is tuple:
+        out += b"%s%d:" % (b"l" if t is list else b"t", len(value))
+        for v in value:
+            _canonical(v, out, depth + 1)
+    elif t is dict:
+        _canonical_dict(value, out, depth)
+    elif t is int or t is bool:
+        out += b"i%d;" % value
+    elif value is None:
+        out += b"N"
+    else:
+        _canonical_other(value, out, depth)
+
+
+def _canonical_dict(value: dict[Any, Any], out: bytearray, depth: int) -> None:
+    out += b"d%d:" % len(value)
+    if all(isinstance(k, str) for k in value):  # chat messages: in the order of their str keys
+        for k in sorted(value):
+            _canonical(k, out, depth + 1)
+            _canonical(value[k], out, depth + 1)
+        return
+    items: list[tuple[bytes, bytes]] = []
+    for k, v in value.items():
+        key, item = bytearray(), bytearray()
+        _canonical(k, key, depth + 1)
+        _canonical(v, item, depth + 1)
+        items.append((bytes(key), bytes(item)))
+    for key_bytes, item_bytes in sorted(items):  # keys are unique: the values never decide the order
+        out += key_bytes
+        out += item_bytes
+
+
+def _canonical_other(value: Any, out: bytearray, depth: int) -> None:
+    """:func:`_canonical` of anything but an exact str, list, tuple, dict, int, bool or ``None``."""
+    if isinstance(value, str):  # a str subclass (numpy's str_): its characters
+        b = str.encode(value, "utf-8", "surrogatepass")
+        out += b"s%d:" % len(b)
+        out += b
+    elif isinstance(value, (bool, int, np.integer)):
+        out += b"i%d;" % int(value)
+    elif isinstance(value, (float, np.floating)):
+        f = float(value)
+        if math.isfinite(f) and f.is_integer():
+            out += b"i%d;" % int(f)
+        else:
+            out += b"f" + repr(f).encode() + b";"
+    elif isinstance(value, (complex, np.complexfloating)):
+        c = complex(value)
+        if c.imag:
+            out += b"c" + repr(c).encode() + b";"
+        else:
+            _canonical_other(c.real, out, depth)
+    elif isinstance(value, (list, tuple)):
+        _canonical(list(value) if isinstance(value, list) else tuple(value), out, depth)
+    elif isinstance(value, dict):
+        _canonical_dict(value, out, depth)
+    elif isinstance(value, bytes):
+        out += b"b%d:" % len(value)
+        out += value
+    elif isinstance(value, (np.ndarray, torch.Tensor)):
+        _canonical((value.detach().cpu() if isinstance(value, torch.Tensor) else value).tolist(), out, depth + 1)
+    elif isinstance(value, np.generic):
+        _canonical(value.item(), out, depth)
+    else:
+        raise TypeError(f"it holds a {type(value).__module__}.{type(value).__qualname__}")
+
+
+def group_keys(values: Any, container: int, column: str) -> bytes:
+    """The group key of every sample: ``KEY_BYTES`` per sample, the blake2b digest of its value's content.
+
+    Every rank computes the same key for equal values (see :func:`_canonical`), so samples group by the
+    content of their ``group_by`` value -- a str, an int, a TRL conversational prompt (a list of message
+    dicts), a row of an array -- and only these digests travel, not the values.
+
+    Raises:
+        InputError: a value is not plain data.
+    """
+    if container in (C_NDARRAY, C_TENSOR):
+        values = (values.detach().cpu() if isinstance(values, torch.Tensor) else values).tolist()
+    keys = bytearray()
+    out = bytearray()
+    blake2b = hashlib.blake2b
+    for i, v in enumerate(values):
+        t = type(v)
+        try:
+            if t is str:  # the common keys inline, the same bytes as _canonical writes
+                b = v.encode("utf-8", "surrogatepass")
+                keys += blake2b(b"s%d:%s" % (len(b), b), digest_size=KEY_BYTES).digest()
+                continue
+            if t is int:
+                keys += blake2b(b"i%d;" % v, digest_size=KEY_BYTES).digest()
+                continue
+            out.clear()
+            _canonical(v, out, 0)
+        except (TypeError, ValueError) as e:  # ValueError: an int of more digits than str() writes
+            raise InputError(
+                f"mode='shard' with group_by={column!r}: the value of this rank's sample {i} cannot be a group key "
+                f"({e}). HINT: group by a column of plain data (str, int, float, bytes, None, and lists, tuples and "
+                "dicts of them, such as TRL's prompts), e.g. a per-prompt id."
+            ) from None
+        keys += blake2b(out, digest_size=KEY_BYTES).digest()
+    return bytes(keys)
+
+
 def assign_by_key(keys: Sequence[Any], world_size: int, column: str) -> list[int]:
-    """The scoring rank of every global sample when a group is the samples sharing a key."""
+    """The scoring rank of every global sample when a group is the samples sharing a key (hashable values)."""
     first: dict[Any, int] = {}
     size: dict[Any, int] = {}
-    try:
-        for k in keys:
-            first.setdefault(k, len(first))
-            size[k] = size.get(k, 0) + 1
-    except TypeError:
-        raise InputError(
-            f"mode='shard' with group_by={column!r}: its values must be hashable (str, int, tuple, ...)"
-        ) from None
+    for k in keys:
+        first.setdefault(k, len(first))
+        size[k] = size.get(k, 0) + 1
     total = len(keys)
     dest: dict[Any, int] = {}
     start = 0
@@ -135,8 +257,7 @@ class ShardMode(Mode[ShardScoring]):
         if by is None:
             return Payload(b"", dropped)
         col = next(c for c in call.bound.columns if c.name == by)
-        # only the group keys travel before the plan
-        return Payload(encode_frame([col], call.bound.n, function=call.spec.name), dropped)
+        return Payload(group_keys(col.values, col.container, by), dropped)  # only the keys travel before the plan
 
     # ------------------------------------------------------------------------------------------ inbound
 
@@ -182,13 +303,11 @@ class ShardMode(Mode[ShardScoring]):
         return Value(ShardScoring(call.inputs(inbound, values, logs.recording), logs, inbound, plan))
 
     def _assign_by_key(self, call: Call, key_frame: bytes, sizes: list[int], counts: list[int]) -> list[int]:
-        keys: list[Any] = []
+        keys: list[bytes] = []
         for s, blob in enumerate(broadcast_blobs(call.session, key_frame, sizes, INBOUND, call.timeout)):
-            nrows, cols, _ = decode_frame(blob)
-            if nrows != counts[s] or len(cols) != 1:
-                raise CodecError(f"rank {s} sent a malformed group_by column")
-            values = cols[0].values
-            keys.extend(values.tolist() if hasattr(values, "tolist") else values)
+            if len(blob) != KEY_BYTES * counts[s]:
+                raise CodecError(f"rank {s} sent {len(blob)} bytes of group keys for {counts[s]} samples")
+            keys.extend(blob[i : i + KEY_BYTES] for i in range(0, len(blob), KEY_BYTES))
         return assign_by_key(keys, call.world_size, str(call.spec.options.group_by))
 
     def _frames(self, call: Call, inbound: Inbound, plan: _Shard) -> list[bytes]:
@@ -219,12 +338,13 @@ class ShardMode(Mode[ShardScoring]):
                 keys, cols = result_columns(result.value, n, call.spec.name)
                 signature = result_signature(keys, cols)
                 logs.check(n)
+                logs.check_metrics()
                 pos = 0
                 for s in range(w):  # every rank gets a frame, empty or not: it rebuilds its result's shape from it
                     count = plan.share.get(s, 0)
                     rows = slice(pos, pos + count)
                     part = take_columns(cols, rows)
-                    meta = {"keys": keys, "logs": logs.rows(rows)}
+                    meta = {"keys": keys, "logs": logs.rows(rows), "scored": n}
                     if s == me:
                         own = (part, meta)
                     else:
@@ -272,7 +392,9 @@ class ShardMode(Mode[ShardScoring]):
     ) -> Any:
         """Put the results from every scoring rank back into this rank's local sample order, matching dict keys."""
         n = sum(len(rows) for rows in plan.sent)
-        logs.replay_scattered(n, [(plan.sent[d], parts[d][1].get("logs", ())) for d in sorted(parts)])
+        logs.replay_scattered(
+            n, [(plan.sent[d], parts[d][1].get("logs", ()), int(parts[d][1].get("scored", 0))) for d in sorted(parts)]
+        )
         scorers = sorted(parts)
         if not scorers:
             return []
