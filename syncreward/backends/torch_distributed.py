@@ -184,6 +184,20 @@ def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+def _got_through(work: Any) -> bool:
+    """Whether ``work`` completed after all: asked when a peer's failure, or its exit, is seen mid-wait.
+
+    A peer that leaves right after its part of an exchange (rank 0 exiting after its last call takes the
+    rendezvous store with it) looks like a failure to a rank whose data is already arriving: the data is
+    in this rank's socket buffers and gloo completes the work a moment later. One more poll slice tells.
+    """
+    try:
+        work.wait(_timedelta(_POLL_S))
+    except RuntimeError:
+        return False
+    return True
+
+
 class TorchDistributedBackend:
     """Exchange over ``torch.distributed`` (any initialised process group, gloo or NCCL).
 
@@ -407,10 +421,18 @@ class TorchDistributedBackend:
             if slice_s != _POLL_S:
                 slice_s = _POLL_S
                 self._mark_arrived(channel, op)
-            if self._check_peers() or time.monotonic() >= deadline:  # a peer gave up: so do we, naming who
+            try:
+                gave_up = self._check_peers()
+            except CommunicationError:
+                if _got_through(work):  # its data arrived: a peer that left after its part fails nothing
+                    return
+                raise
+            if gave_up or time.monotonic() >= deadline:  # a peer gave up: so do we, naming who
                 self._timed_out(channel, timeout)
 
     def _mark_arrived(self, channel: int, op: int) -> None:
+        # Best effort, and never a reason to fail: the store lives in rank 0's process, which may have left
+        # right after its part of this exchange (the data then still arrives; see _got_through).
         if self._store is not None:
             with contextlib.suppress(Exception):  # best effort: it only helps name the missing ranks
                 self._store.set(f"arrived/{channel}/{self._rank}", str(op))
