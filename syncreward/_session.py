@@ -42,6 +42,7 @@ from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTim
 from ._outcome import Error, Outcome, Value
 from ._wire import Predictor, ResultBlocks
 from .backends import Backend, on_release
+from .backends._waiting import calling
 
 __all__ = ["Session", "call_words", "reason_of", "session_for", "stuck_error"]
 
@@ -328,7 +329,8 @@ class Session:
 
         def run() -> Outcome[T]:
             try:
-                return step()
+                with calling(f"{call} on rank {self.rank} while {_PHASES[channel]}"):  # what a long wait names
+                    return step()
             except CommunicationError as e:
                 verb = "timed out" if isinstance(e, SyncTimeoutError) else "failed"
                 error = _reworded(e, f"{call} {verb} on rank {self.rank} while {_PHASES[channel]}: {_text(e)}")

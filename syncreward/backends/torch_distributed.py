@@ -72,6 +72,7 @@ from .._errors import (
     late_message,
     timeout_message,
 )
+from ._waiting import WaitLog
 
 __all__ = ["TorchDistributedBackend"]
 
@@ -286,6 +287,8 @@ class TorchDistributedBackend:
         with contextlib.suppress(Exception):  # so that a rank that gives up can say who never came
             store.set(f"syncreward/arrived-setup/{self._ranks[self._rank]}", "1")
         name = _agreed_name(self.name, self._pg is None, self._ranks)
+        records = dist.PrefixStore(f"{name}/", store)  # type: ignore[attr-defined]  # the groups' abort record
+        self._await_members(store, records, timeout)
         try:
             # the rendezvous has no wait loop of ours around it: its own timeout is the user's
             groups = [
@@ -300,17 +303,11 @@ class TorchDistributedBackend:
                 for c in (0, 1)
             ]
         except Exception as e:
+            self._raise_if_given_up(records, timeout)  # the others gave up on this rank while it connected
             if not _is_timeout(e):
                 raise _translate(e) from e
-            missing = self._missing_at_setup(store)
-            who = f"rank(s) {missing} did not make their first synced call" if missing else "the others did not arrive"
-            raise SyncTimeoutError(
-                f"{who} within timeout={timeout:g}s, so syncreward could not connect ranks {self._ranks}. HINT: every "
-                "rank of the group must make the same synced calls; raise timeout= if some ranks legitimately start "
-                "much later.",
-                missing,
-            ) from e
-        self._store = dist.PrefixStore(f"{name}/", store)  # type: ignore[attr-defined]
+            raise self._setup_timed_out(store, records, timeout) from e
+        self._store = records
         self._name = name
         log.debug("created syncreward gloo groups %s in %.3fs", name, time.perf_counter() - t0)
         return groups
@@ -324,6 +321,63 @@ class TorchDistributedBackend:
         except Exception:  # pragma: no cover - private API moved
             log.debug("no rendezvous store available", exc_info=True)
             return None
+
+    def _await_members(self, store: Any, records: Any, timeout: float) -> None:
+        """Wait (in slices) until every member has made its first synced call, before connecting to them.
+
+        A rank that arrives after the others gave up on it learns so from their abort record at once and
+        says so (:func:`late_message`), instead of waiting out its own timeout in gloo's rendezvous; a rank
+        that waits long names the ranks not yet arrived (``_waiting``); at ``timeout`` it raises naming
+        them and leaves the abort record for the late ones.
+        """
+        waits: WaitLog | None = None
+        deadline = time.monotonic() + timeout
+        pause = 0.002
+        while True:
+            self._raise_if_given_up(records, timeout)
+            missing = self._missing_at_setup(store)
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise self._setup_timed_out(store, records, timeout)
+            if waits is None:
+                waits = WaitLog(timeout, started=deadline - timeout)
+            elif waits.due():
+                waits.warn(missing, "make their first synced call")
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+            pause = min(pause * 2, _POLL_S)
+
+    def _raise_if_given_up(self, records: Any, timeout: float) -> None:
+        """Raise if the group's abort record says the others gave up (``T``) or failed (``F``) already."""
+        try:
+            record = bytes(records.get("abort")).decode(errors="replace") if records.check(["abort"]) else None
+        except Exception:  # the store is unreachable: the connection attempt itself will say so
+            return
+        if record is None:
+            return
+        if record.startswith("T"):
+            raise CommunicationError(late_message(record[1:], timeout))
+        raise CommunicationError(
+            f"{record[1:]}. HINT: a peer process probably exited, crashed or was killed; see its log. The group is "
+            "now unusable."
+        )
+
+    def _setup_timed_out(self, store: Any, records: Any, timeout: float) -> SyncTimeoutError:
+        """The error of a rank that waited ``timeout`` for the others' first synced call; leaves the abort record."""
+        missing = self._missing_at_setup(store)
+        with contextlib.suppress(Exception):  # a rank arriving later then says at once that it came too late
+            if not records.check(["abort"]):
+                who = f"rank(s) {missing}" if missing else "the other ranks"
+                records.set(
+                    "abort", f"Trank {self._rank} waited {timeout:g}s for {who} to make their first synced call"
+                )
+        who = f"rank(s) {missing} did not make their first synced call" if missing else "the others did not arrive"
+        return SyncTimeoutError(
+            f"{who} within timeout={timeout:g}s, so syncreward could not connect ranks {self._ranks}. HINT: every "
+            "rank of the group must make the same synced calls; raise timeout= if some ranks legitimately start "
+            "much later.",
+            missing,
+        )
 
     def _missing_at_setup(self, store: Any) -> list[int]:
         if store is None:
@@ -411,6 +465,7 @@ class TorchDistributedBackend:
         op = self._ops[channel] = self._ops[channel] + 1
         deadline = time.monotonic() + timeout
         slice_s = 0.02
+        waits: WaitLog | None = None
         while True:
             try:
                 work.wait(_timedelta(max(min(slice_s, deadline - time.monotonic()), 0.001)))
@@ -418,9 +473,12 @@ class TorchDistributedBackend:
             except RuntimeError as e:
                 if _WORK_TIMEOUT_MESSAGE not in str(e):
                     self._fail(e)
-            if slice_s != _POLL_S:
+            if waits is None:
                 slice_s = _POLL_S
                 self._mark_arrived(channel, op)
+                waits = WaitLog(timeout, started=deadline - timeout)
+            elif waits.due():
+                waits.warn(self._not_arrived(channel, op), "arrive in this exchange")
             try:
                 gave_up = self._check_peers()
             except CommunicationError:
@@ -494,6 +552,15 @@ class TorchDistributedBackend:
             except Exception:
                 missing = []
         raise SyncTimeoutError(timeout_message(missing, timeout), missing)
+
+    def _not_arrived(self, channel: int, op: int) -> list[int] | None:
+        """The ranks without an arrival record for this exchange (``None``: the store cannot tell)."""
+        if self._store is None:
+            return None
+        try:
+            return [r for r in range(self._world_size) if not self._arrived(channel, r, op)]
+        except Exception:
+            return None
 
     def _arrived(self, channel: int, rank: int, op: int) -> bool:
         key = f"arrived/{channel}/{rank}"
