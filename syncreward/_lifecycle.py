@@ -74,9 +74,20 @@ class _Exchange:
 
 @dataclass(frozen=True)
 class _Score:
-    """What the sequence asks for: the function's outcome on ``inputs`` (this rank scores)."""
+    """What the sequence asks for: the function's outcome on this rank (its turn comes on every rank).
 
-    inputs: Inputs
+    Where this rank does not score (``inputs`` is ``None``) the outcome is ``Value(None)``; where its
+    inputs failed here (an ``Error``), that failure -- except in an abandoned call, whose outcome is its
+    interruption either way.
+    """
+
+    inputs: Value[Inputs] | Error | None
+
+    def settled(self) -> Outcome[Any] | None:
+        """The outcome without calling the function (``None``: call it)."""
+        if self.inputs is None:
+            return Value(None)
+        return self.inputs if isinstance(self.inputs, Error) else None
 
 
 _Sequence = Generator["_Exchange | _Score", Outcome[Any], Outcome[Any]]
@@ -91,17 +102,10 @@ def _sequence(call: Call, own: Outcome[Payload]) -> _Sequence:
         session.skip(OUTBOUND, call.seq)
         return settle(mine, got)
     scoring: Scoring = got.value
-    result: Outcome[Any]
-    if scoring.inputs is None:
-        result = Value(None)  # another rank scores this rank's samples
-    elif isinstance(scoring.inputs, Error):
-        result = scoring.inputs  # this rank's inputs failed here (decoding): its own failure, which travels
-    else:
-        result = yield _Score(scoring.inputs.value)
+    result = yield _Score(scoring.inputs)
     if isinstance(result, Error):
-        mine = result.error
-    sent = result
-    got = yield _Exchange(OUTBOUND, lambda: mode.outbound(call, scoring, sent))
+        mine = result.error  # the function's exception, or this rank's inputs' failure: it travels, then wins here
+    got = yield _Exchange(OUTBOUND, lambda: mode.outbound(call, scoring, result))
     return settle(mine, got)
 
 
@@ -128,9 +132,14 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
         request = next(sequence)
         while True:
             if isinstance(request, _Score):
-                args_, kwargs_ = request.inputs
-                with _scoring():
-                    got = capture(spec.fn, *args_, **kwargs_)  # any exception travels to the other ranks
+                settled = request.settled()
+                if settled is not None:
+                    got = settled
+                else:
+                    assert isinstance(request.inputs, Value)
+                    args_, kwargs_ = request.inputs.value
+                    with _scoring():
+                        got = capture(spec.fn, *args_, **kwargs_)  # any exception travels to the other ranks
             else:
                 got = session.step(request.channel, seq, request.step, call.timeout, name)
             request = sequence.send(got)
@@ -150,8 +159,11 @@ async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs
     try:
         request = next(sequence)
         while True:
-            if isinstance(request, _Score):
-                args_, kwargs_ = request.inputs
+            if isinstance(request, _Score) and (settled := request.settled()) is not None:
+                got = settled
+            elif isinstance(request, _Score):
+                assert isinstance(request.inputs, Value)
+                args_, kwargs_ = request.inputs.value
                 try:
                     with _scoring():
                         got = Value(await fn(*args_, **kwargs_))
@@ -206,7 +218,7 @@ def _abandon(
     def advance(got: Outcome[Any] | None) -> None:
         try:
             request = next(sequence) if got is None else sequence.send(got)
-            while isinstance(request, _Score):  # the function's turn: its outcome is the interruption
+            while isinstance(request, _Score):  # the function's turn, on every rank: its outcome is the interruption
                 request = sequence.send(Error(error))
         except StopIteration:
             return  # the call is over; its outcome was raised in the caller already
