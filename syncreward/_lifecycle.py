@@ -21,7 +21,8 @@ raise (a ``RemoteError`` naming it) instead of waiting for this rank.
 The invariant, held by the sequence and nowhere else: once ``inbound`` has been entered, ``outbound``
 runs exactly once -- or, when ``inbound`` failed (it then failed on every rank, or the session broke),
 the channel-1 turn is skipped. Any exception from the function, ``BaseException`` included, travels to
-the other ranks before it is re-raised here.
+the other ranks before it is re-raised here. **Leaving** (the process exits with calls in flight) is the
+last state: :func:`leave` marks their groups broken, so no step of theirs waits for a turn any more.
 
 Below the drivers a failure travels one way, as an ``Error`` outcome (``_outcome``): the mode's
 collective decisions, this rank's own failures and the transport failures the session catches. Which
@@ -41,11 +42,11 @@ from typing import Any
 
 from ._modes._base import Call, Inputs, Payload, Scoring, Spec
 from ._outcome import Error, Outcome, Value, capture, settle
-from ._session import call_words, reason_of, session_for, stuck_error
+from ._session import call_words, live_sessions, reason_of, session_for, stuck_error
 from ._wire import INBOUND, OUTBOUND
 from .backends import Backend
 
-__all__ = ["call_async", "call_sync", "nested"]
+__all__ = ["call_async", "call_sync", "leave", "nested"]
 
 _SCORING: contextvars.ContextVar[bool] = contextvars.ContextVar("syncreward_scoring", default=False)
 
@@ -229,3 +230,17 @@ def _abandon(
         pending.add_done_callback(lambda f: advance(f.result()))
     else:
         advance(Error(error) if scored else None)
+
+
+def leave(reason: str) -> int:
+    """This process is leaving: abandon every synced call still in flight, marking its group broken.
+
+    Each session with a call in flight breaks its latch with ``reason`` (``"the process is exiting"``):
+    every step still waiting for its turn fails at once, and no later call starts. A step already inside
+    an exchange ends by the backend's own deadline, or at once where a peer's abort is seen. For the
+    exit hooks; returns how many sessions were busy.
+    """
+    busy = [session for session in live_sessions() if session.busy()]
+    for session in busy:
+        session.break_(reason)
+    return len(busy)

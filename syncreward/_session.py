@@ -44,7 +44,7 @@ from ._wire import Predictor, ResultBlocks
 from .backends import Backend, on_release
 from .backends._waiting import calling
 
-__all__ = ["Session", "call_words", "reason_of", "session_for", "stuck_error"]
+__all__ = ["Session", "call_words", "live_sessions", "reason_of", "session_for", "stuck_error"]
 
 T = TypeVar("T")
 
@@ -221,6 +221,11 @@ class Turnstile:
             _POOL.submit(job, True)
         return fut
 
+    def idle(self) -> bool:
+        """No step runs or waits on this channel."""
+        with self._cv:
+            return not self._busy and not self._pending
+
     def withdraw(self, seq: int) -> bool:
         """Take back a submitted step that has not started; whether it was still waiting."""
         with self._cv:
@@ -298,6 +303,13 @@ class Session:
                 "HINT: await the async synced calls first, or make this function async too"
             )
         return seq, problem
+
+    def busy(self) -> bool:
+        """Whether a call of this session is in flight, or a step of one (finishing in the background) is left."""
+        with self._lock:
+            if self._in_flight:
+                return True
+        return not all(t.idle() for t in self.turns)
 
     def close(self, seq: int) -> None:
         """The call no longer belongs to its thread (done, or finishing in the background)."""
@@ -413,6 +425,12 @@ _registry_lock = threading.Lock()
 def _forget_session(backend: Any) -> None:
     """A released backend's session goes too (it references the backend, so the weak key would never go)."""
     _sessions.pop(backend, None)
+
+
+def live_sessions() -> list[Session]:
+    """Every session of this process (for :func:`syncreward._lifecycle.leave`)."""
+    with _registry_lock:
+        return [*_sessions.values(), *(session for _, session in _strong.values())]
 
 
 def session_for(backend: Backend, function: str) -> Session:
