@@ -20,8 +20,6 @@ from _helpers import outcome
 from syncreward import synced_reward
 from syncreward.testing import run_ranks
 
-pytestmark = pytest.mark.multiprocess
-
 TIMEOUT = 4.0
 
 
@@ -51,6 +49,7 @@ def _body(rank: int, world_size: int, late: int, tmp: str) -> tuple[str, Any, fl
     return got
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("late", [1, 0], ids=["other_rank_still_there", "other_rank_exited"])
 def test_late_first_call_says_the_others_gave_up_at_once(tmp_path: Path, late: int) -> None:
     results = run_ranks(_body, 2, late, str(tmp_path), timeout=120)
@@ -59,3 +58,20 @@ def test_late_first_call_says_the_others_gave_up_at_once(tmp_path: Path, late: i
     assert slow[0] == "CommunicationError", slow
     assert "had given up waiting for this rank" in slow[1], slow[1]
     assert slow[2] < TIMEOUT, f"the late rank took {slow[2]:.1f}s to learn it came too late"
+
+
+def test_late_first_call_says_the_others_gave_up_at_once_on_thread_ranks() -> None:
+    """The test double gives the late thread-rank the same verdict, at its first call too."""
+    from syncreward.testing import run_threads
+
+    synced = synced_reward(timeout=1.0)(_plain)
+
+    def body(rank: int, world_size: int) -> tuple[str, Any, float]:
+        if rank == 1:
+            time.sleep(1.5)
+        return outcome(synced, [f"c{rank}"])
+
+    (on_time, slow) = run_threads(body, 2, timeout=60)
+    assert on_time[0] == "SyncTimeoutError" and on_time[1] == (1,), on_time
+    assert slow[0] == "CommunicationError" and "had given up waiting for this rank" in slow[1], slow
+    assert slow[2] < 1.0, slow
