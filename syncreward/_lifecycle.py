@@ -125,6 +125,33 @@ def _open(
     return call, _sequence(call, own)
 
 
+def _score(fn: Callable[..., Any], request: _Score) -> Outcome[Any]:
+    """The function's outcome, called in this thread; any exception is captured (it travels to the others)."""
+    settled = request.settled()
+    if settled is not None:
+        return settled
+    assert isinstance(request.inputs, Value)
+    args, kwargs = request.inputs.value
+    with _scoring():
+        return capture(fn, *args, **kwargs)
+
+
+async def _score_async(fn: Callable[..., Awaitable[Any]], request: _Score) -> Outcome[Any]:
+    """The ``async`` function's outcome, awaited here; a cancellation is raised (the call is then abandoned)."""
+    settled = request.settled()
+    if settled is not None:
+        return settled
+    assert isinstance(request.inputs, Value)
+    args, kwargs = request.inputs.value
+    try:
+        with _scoring():
+            return Value(await fn(*args, **kwargs))
+    except asyncio.CancelledError:
+        raise
+    except BaseException as e:  # travels to the other ranks, then re-raised here
+        return Error(e)
+
+
 def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
     """Make one synced call of a plain function (called from ``site``) and return this rank's results."""
     call, sequence = _open(spec, backend, args, kwargs, site, is_async=False)
@@ -133,14 +160,7 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
         request = next(sequence)
         while True:
             if isinstance(request, _Score):
-                settled = request.settled()
-                if settled is not None:
-                    got = settled
-                else:
-                    assert isinstance(request.inputs, Value)
-                    args_, kwargs_ = request.inputs.value
-                    with _scoring():
-                        got = capture(spec.fn, *args_, **kwargs_)  # any exception travels to the other ranks
+                got = _score(spec.fn, request)
             else:
                 got = session.step(request.channel, seq, request.step, call.timeout, name)
             request = sequence.send(got)
@@ -160,19 +180,12 @@ async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs
     try:
         request = next(sequence)
         while True:
-            if isinstance(request, _Score) and (settled := request.settled()) is not None:
-                got = settled
-            elif isinstance(request, _Score):
-                assert isinstance(request.inputs, Value)
-                args_, kwargs_ = request.inputs.value
+            if isinstance(request, _Score):
                 try:
-                    with _scoring():
-                        got = Value(await fn(*args_, **kwargs_))
+                    got = await _score_async(fn, request)
                 except asyncio.CancelledError as e:
                     _abandon(call, sequence, None, e, scored=True)
                     raise
-                except BaseException as e:  # travels to the other ranks, then re-raised here
-                    got = Error(e)
             else:
                 pending = session.submit(request.channel, seq, request.step, name)
                 if request.channel == OUTBOUND:
