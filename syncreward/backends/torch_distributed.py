@@ -18,6 +18,14 @@ that starts an exchange after a long pause (longer than half the timeout) first 
 too: the others may have given up on it while it was away, and it must raise with them rather than
 complete a half-abandoned exchange.
 
+The first synced call of a backend waits the same way before it connects the gloo groups: until every
+member has recorded its arrival (``_await_members``), looking at the groups' abort record between
+slices. A rank that gives up there leaves that record, so a rank reaching its first call later says
+at once that the others gave up on it. A wait that lasts logs a rate-limited warning naming the ranks
+not yet arrived (``_waiting``). A peer that leaves right after its part of an exchange (rank 0 exiting
+with the store) is no failure of an exchange whose data arrived: a wait that meets a peer's failure
+polls its work once more (:func:`_got_through`).
+
 Every failure of the lower layer is translated in one place, the ``_FAILURES`` table applied by
 :func:`_translate`, into words about the ranks; the session above (not this backend) adds which call of
 which function it was, and remembers that the group broke.
