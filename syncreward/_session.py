@@ -332,10 +332,11 @@ class Session:
         """``step`` as run in its turn: the one place a backend's failure becomes an ``Error`` of the call.
 
         A backend says what went wrong with the ranks (``rank(s) [1] did not arrive within timeout=2s``)
-        but knows neither the function nor the call; here its error is raised again, of the same type and
-        with the same attributes (``missing_ranks``), as ``synced call #3 of 'my_reward' timed out on rank 0
-        while sending its inputs: ...``. The session breaks (the first failure's words are the reason every
-        later call gives).
+        but knows neither the function nor the call; here its error is rebuilt, of the same type and with
+        the same attributes (``missing_ranks``), as ``synced call #3 of 'my_reward' timed out on rank 0
+        while sending its inputs: ...``, and handed on as the step's ``Error``. The session breaks (the first
+        failure's words are the reason every later call gives). While the step runs, a long wait inside the
+        backend names the call (``backends._waiting.calling``).
         """
         call = call_words(seq, function)
 
