@@ -37,8 +37,7 @@ import contextvars
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._modes._base import Call, Inputs, Payload, Scoring, Spec
 from ._outcome import Error, Outcome, Value, capture, settle
@@ -65,16 +64,14 @@ def _scoring() -> Iterator[None]:
         _SCORING.reset(token)
 
 
-@dataclass(frozen=True)
-class _Exchange:
+class _Exchange(NamedTuple):
     """What the sequence asks for: run ``step`` in the call's turn on ``channel``; send back its outcome."""
 
     channel: int
     step: Callable[[], Outcome[Any]]
 
 
-@dataclass(frozen=True)
-class _Score:
+class _Score(NamedTuple):
     """What the sequence asks for: the function's outcome on this rank (its turn comes on every rank).
 
     Where this rank does not score (``inputs`` is ``None``) the outcome is ``Value(None)``; where its

@@ -42,7 +42,7 @@ from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTim
 from ._outcome import Error, Outcome, Value
 from ._wire import Predictor, ResultBlocks
 from .backends import Backend, on_release
-from .backends._waiting import calling
+from .backends._waiting import CALL
 
 __all__ = ["Session", "call_words", "live_sessions", "reason_of", "session_for", "stuck_error"]
 
@@ -336,14 +336,16 @@ class Session:
         the same attributes (``missing_ranks``), as ``synced call #3 of 'my_reward' timed out on rank 0
         while sending its inputs: ...``, and handed on as the step's ``Error``. The session breaks (the first
         failure's words are the reason every later call gives). While the step runs, a long wait inside the
-        backend names the call (``backends._waiting.calling``).
+        backend names the call (``backends._waiting.CALL``).
         """
         call = call_words(seq, function)
 
+        words = f"{call} on rank {self.rank} while {_PHASES[channel]}"
+
         def run() -> Outcome[T]:
+            named = CALL.set(words)  # what a long wait in the backend names (backends._waiting)
             try:
-                with calling(f"{call} on rank {self.rank} while {_PHASES[channel]}"):  # what a long wait names
-                    return step()
+                return step()
             except CommunicationError as e:
                 verb = "timed out" if isinstance(e, SyncTimeoutError) else "failed"
                 error = _reworded(e, f"{call} {verb} on rank {self.rank} while {_PHASES[channel]}: {_text(e)}")
@@ -356,6 +358,8 @@ class Session:
                 where = f"on rank {self.rank} while {_PHASES[channel]}"
                 self.break_(f"{call} raised {type(e).__name__} {where}: {reason_of(e)}")
                 return Error(e)
+            finally:
+                CALL.reset(named)
 
         return run
 

@@ -8,7 +8,7 @@ warning comes after ``SYNCREWARD_WAIT_WARN_S`` seconds (default 60), then each t
 others wait for the scoring rank) costs a handful of lines over the default ``timeout=1800``. A wait
 whose ``timeout=`` comes before the first warning never logs: its error says it all.
 
-The session names the call (:func:`calling`, around every step); the backend only knows ranks.
+The session names the call (:data:`CALL`, around every step); the backend only knows ranks.
 """
 
 from __future__ import annotations
@@ -16,27 +16,18 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from contextvars import ContextVar
 
-__all__ = ["WaitLog", "calling"]
+__all__ = ["CALL", "WaitLog"]
 
 log = logging.getLogger(__name__)
 
 WARN_ENV = "SYNCREWARD_WAIT_WARN_S"
 _DEFAULT_WARN_S = 60.0
-_CALL: ContextVar[str] = ContextVar("syncreward_call", default="a synced call")
-
-
-@contextmanager
-def calling(words: str) -> Iterator[None]:
-    """What the waits inside this block are for (``synced call #3 of 'my_reward' on rank 1 while ...``)."""
-    token = _CALL.set(words)
-    try:
-        yield
-    finally:
-        _CALL.reset(token)
+# What the waits of this step are for (``synced call #3 of 'my_reward' on rank 1 while ...``): set by the
+# session around every step, read only when a warning is due.
+CALL: ContextVar[str] = ContextVar("syncreward_call", default="a synced call")
 
 
 def _first_warning_s() -> float:
@@ -68,7 +59,7 @@ class WaitLog:
             "syncreward: %s has waited %.0fs of timeout=%gs for the other ranks to %s; not arrived: %s. HINT: a "
             "rank still scoring a slow reward is fine; a rank that hangs, exited or skipped this synced call makes "
             "this call fail at timeout= (set timeout= to what one call may take; docs/troubleshooting.md).",
-            _CALL.get(),
+            CALL.get(),
             waited,
             self._timeout,
             waiting_for,
