@@ -54,7 +54,8 @@ def _body(rank: int, world_size: int, late: int, tmp: str) -> tuple[str, Any, fl
 def test_late_first_call_says_the_others_gave_up_at_once(tmp_path: Path, late: int) -> None:
     results = run_ranks(_body, 2, late, str(tmp_path), timeout=120)
     on_time, slow = results[1 - late], results[late]
-    assert on_time[0] == "SyncTimeoutError" and on_time[1] == (late,), on_time
+    assert on_time[0] == "SyncTimeoutError", on_time
+    assert on_time[1] == (late,), on_time
     assert slow[0] == "CommunicationError", slow
     assert "had given up waiting for this rank" in slow[1], slow[1]
     assert slow[2] < TIMEOUT, f"the late rank took {slow[2]:.1f}s to learn it came too late"
@@ -72,6 +73,8 @@ def test_late_first_call_says_the_others_gave_up_at_once_on_thread_ranks() -> No
         return outcome(synced, [f"c{rank}"])
 
     (on_time, slow) = run_threads(body, 2, timeout=60)
-    assert on_time[0] == "SyncTimeoutError" and on_time[1] == (1,), on_time
-    assert slow[0] == "CommunicationError" and "had given up waiting for this rank" in slow[1], slow
+    assert on_time[0] == "SyncTimeoutError", on_time
+    assert on_time[1] == (1,), on_time
+    assert slow[0] == "CommunicationError", slow
+    assert "had given up waiting for this rank" in slow[1], slow
     assert slow[2] < 1.0, slow
