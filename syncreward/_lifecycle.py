@@ -1,4 +1,4 @@
-"""The lifecycle of one synced call, the same for plain and ``async`` functions.
+"""The lifecycle of one synced call, written once: one sequence, a sync and an async driver.
 
 ::
 
@@ -10,29 +10,42 @@
     score    (caller's thread/loop)   the function, where the mode says -> result or error
     outbound (channel-1 turn)         results (or the error) back       -> this rank's results, or raise
 
-The invariant, held here and nowhere else: once ``inbound`` has been entered, ``outbound`` runs exactly
-once -- or, when ``inbound`` raised (it then raised on every rank), the channel-1 turn is skipped. A
-cancelled ``async`` call still completes its exchanges in the background (with the cancellation as its
-error), so the other ranks raise instead of waiting. Any exception from the function, ``BaseException``
-included, travels to the other ranks before it is re-raised here.
+:func:`_sequence` is that list, as a generator: it yields what it needs next -- an exchange in the
+call's turn (:class:`_Exchange`) or the function's turn (:class:`_Score`) -- and is sent back its
+outcome. The drivers only say *how* a request is met: :func:`call_sync` runs each in the caller's thread;
+:func:`call_async` hands exchanges to worker threads and awaits the function on the event loop. An
+**abandoned** call (cancelled, or interrupted while preparing) is the same sequence driven in the
+background by :func:`_abandon`, with the interruption as the function's outcome, so the other ranks
+raise (a ``RemoteError`` naming it) instead of waiting for this rank.
+
+The invariant, held by the sequence and nowhere else: once ``inbound`` has been entered, ``outbound``
+runs exactly once -- or, when ``inbound`` failed (it then failed on every rank, or the session broke),
+the channel-1 turn is skipped. Any exception from the function, ``BaseException`` included, travels to
+the other ranks before it is re-raised here. **Leaving** (the process exits with calls in flight) is the
+last state: :func:`leave` marks their groups broken, so no step of theirs waits for a turn any more.
+
+Below the drivers a failure travels one way, as an ``Error`` outcome (``_outcome``): the mode's
+collective decisions, this rank's own failures and the transport failures the session catches. Which
+one the caller sees is decided in one place, :func:`~syncreward._outcome.settle`: this rank's own
+exception, then a peer's failure, then the transport.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
-from ._modes._base import Call, Payload, Scoring, Spec
-from ._outcome import Error, Outcome, Value, capture
-from ._session import call_words, reason_of, session_for, stuck_error
+from ._modes._base import Call, Inputs, Payload, Scoring, Spec
+from ._outcome import Error, Outcome, Value, capture, settle
+from ._session import call_words, live_sessions, reason_of, session_for, stuck_error
 from ._wire import INBOUND, OUTBOUND
 from .backends import Backend
 
-__all__ = ["call_async", "call_sync", "nested"]
+__all__ = ["call_async", "call_sync", "leave", "nested"]
 
 _SCORING: contextvars.ContextVar[bool] = contextvars.ContextVar("syncreward_scoring", default=False)
 
@@ -51,78 +64,140 @@ def _scoring() -> Iterator[None]:
         _SCORING.reset(token)
 
 
+class _Exchange(NamedTuple):
+    """What the sequence asks for: run ``step`` in the call's turn on ``channel``; send back its outcome."""
+
+    channel: int
+    step: Callable[[], Outcome[Any]]
+
+
+class _Score(NamedTuple):
+    """What the sequence asks for: the function's outcome on this rank (its turn comes on every rank).
+
+    Where this rank does not score (``inputs`` is ``None``) the outcome is ``Value(None)``; where its
+    inputs failed here (an ``Error``), that failure -- except in an abandoned call, whose outcome is its
+    interruption either way.
+    """
+
+    inputs: Value[Inputs] | Error | None
+
+    def settled(self) -> Outcome[Any] | None:
+        """The outcome without calling the function (``None``: call it)."""
+        if self.inputs is None:
+            return Value(None)
+        return self.inputs if isinstance(self.inputs, Error) else None
+
+
+_Sequence = Generator["_Exchange | _Score", Outcome[Any], Outcome[Any]]
+
+
+def _sequence(call: Call, own: Outcome[Payload]) -> _Sequence:
+    """One call, start to end, for every driver; returns the call's outcome on this rank."""
+    mode, session = call.spec.impl, call.session
+    mine = own.error if isinstance(own, Error) else None  # this rank's own failure, once it has one
+    got = yield _Exchange(INBOUND, lambda: mode.inbound(call, own))
+    if isinstance(got, Error):  # failed on every rank (or the session broke): no rank takes its channel-1 turn
+        session.skip(OUTBOUND, call.seq)
+        return settle(mine, got)
+    scoring: Scoring = got.value
+    result = yield _Score(scoring.inputs)
+    if isinstance(result, Error):
+        mine = result.error  # the function's exception, or this rank's inputs' failure: it travels, then wins here
+    got = yield _Exchange(OUTBOUND, lambda: mode.outbound(call, scoring, result))
+    return settle(mine, got)
+
+
 def _open(
     spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str, is_async: bool
-) -> tuple[Call, Outcome[Payload]]:
+) -> tuple[Call, _Sequence]:
     session = session_for(backend, spec.name)
     seq, problem = session.open(is_async)
     try:
-        return Call.open(spec, session, seq, site, args, kwargs, problem)
+        call, own = Call.open(spec, session, seq, site, args, kwargs, problem)
     except BaseException:  # KeyboardInterrupt while binding: the sequence number is taken, so finish the call
-        _abandon(
-            Call.unbound(spec, session, seq, site), None, KeyboardInterrupt("synced call interrupted while preparing")
-        )
+        unbound = Call.unbound(spec, session, seq, site)
+        interrupted = KeyboardInterrupt("synced call interrupted while preparing")
+        _abandon(unbound, _sequence(unbound, Error(interrupted)), None, interrupted)
         raise
+    return call, _sequence(call, own)
 
 
-def _score(fn: Callable[..., Any], scoring: Scoring) -> Outcome[Any]:
-    """The function's outcome where this rank scores (``Value(None)`` elsewhere; its inputs' failure as is)."""
-    if scoring.inputs is None:
-        return Value(None)
-    if isinstance(scoring.inputs, Error):
-        return scoring.inputs
-    args, kwargs = scoring.inputs.value
+def _score(fn: Callable[..., Any], request: _Score) -> Outcome[Any]:
+    """The function's outcome, called in this thread; any exception is captured (it travels to the others)."""
+    settled = request.settled()
+    if settled is not None:
+        return settled
+    assert isinstance(request.inputs, Value)
+    args, kwargs = request.inputs.value
     with _scoring():
-        return capture(fn, *args, **kwargs)  # any exception travels to the other ranks, then is raised here
+        return capture(fn, *args, **kwargs)
+
+
+async def _score_async(fn: Callable[..., Awaitable[Any]], request: _Score) -> Outcome[Any]:
+    """The ``async`` function's outcome, awaited here; a cancellation is raised (the call is then abandoned)."""
+    settled = request.settled()
+    if settled is not None:
+        return settled
+    assert isinstance(request.inputs, Value)
+    args, kwargs = request.inputs.value
+    try:
+        with _scoring():
+            return Value(await fn(*args, **kwargs))
+    except asyncio.CancelledError:
+        raise
+    except BaseException as e:  # travels to the other ranks, then re-raised here
+        return Error(e)
 
 
 def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
     """Make one synced call of a plain function (called from ``site``) and return this rank's results."""
-    call, own = _open(spec, backend, args, kwargs, site, is_async=False)
-    session, mode, seq, name = call.session, spec.impl, call.seq, spec.name
+    call, sequence = _open(spec, backend, args, kwargs, site, is_async=False)
+    session, seq, name = call.session, call.seq, spec.name
     try:
-        try:
-            scoring = session.step(INBOUND, seq, lambda: mode.inbound(call, own), call.timeout, name)
-        except BaseException:
-            session.skip(OUTBOUND, seq)
-            raise
-        result = _score(spec.fn, scoring)
-        return session.step(OUTBOUND, seq, lambda: mode.outbound(call, scoring, result), call.timeout, name)
+        request = next(sequence)
+        while True:
+            if isinstance(request, _Score):
+                got = _score(spec.fn, request)
+            else:
+                got = session.step(request.channel, seq, request.step, call.timeout, name)
+            request = sequence.send(got)
+    except StopIteration as done:
+        outcome: Outcome[Any] = done.value
     finally:
         session.close(seq)
+    return outcome.unwrap()
 
 
 async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
     """Make one synced call of an ``async`` function (from ``site``); its exchanges never block the event loop."""
-    call, own = _open(spec, backend, args, kwargs, site, is_async=True)
-    session, mode, seq, name = call.session, spec.impl, call.seq, spec.name
+    call, sequence = _open(spec, backend, args, kwargs, site, is_async=True)
+    session, seq, name = call.session, call.seq, spec.name
     fn: Callable[..., Awaitable[Any]] = spec.fn
-    inbound = session.submit(INBOUND, seq, lambda: mode.inbound(call, own), name)
+    got: Outcome[Any]
     try:
-        scoring: Scoring = (await _wait(inbound, call, INBOUND)).unwrap()
-    except asyncio.CancelledError as e:
-        _abandon(call, inbound, e)
-        raise
-    except BaseException:
-        session.skip(OUTBOUND, seq)
+        request = next(sequence)
+        while True:
+            if isinstance(request, _Score):
+                try:
+                    got = await _score_async(fn, request)
+                except asyncio.CancelledError as e:
+                    _abandon(call, sequence, None, e, scored=True)
+                    raise
+            else:
+                pending = session.submit(request.channel, seq, request.step, name)
+                if request.channel == OUTBOUND:
+                    session.close(seq)  # what is left runs on its own: a later call on this thread may start
+                try:
+                    got = await _wait(pending, call, request.channel)
+                except asyncio.CancelledError as e:
+                    _abandon(call, sequence, pending, e)
+                    raise
+            request = sequence.send(got)
+    except StopIteration as done:
+        outcome: Outcome[Any] = done.value
+    finally:
         session.close(seq)
-        raise
-    result: Outcome[Any] = Value(None)
-    if isinstance(scoring.inputs, Error):
-        result = scoring.inputs
-    elif scoring.inputs is not None:
-        args_, kwargs_ = scoring.inputs.value
-        try:
-            with _scoring():
-                result = Value(await fn(*args_, **kwargs_))
-        except asyncio.CancelledError as e:
-            _abandon(call, inbound, e)
-            raise
-        except BaseException as e:  # travels to the other ranks, then re-raised here by outbound
-            result = Error(e)
-    outbound = session.submit(OUTBOUND, seq, lambda: mode.outbound(call, scoring, result), name)
-    session.close(seq)
-    return (await _wait(outbound, call, OUTBOUND)).unwrap()
+    return outcome.unwrap()
 
 
 async def _wait(fut: Future[Outcome[Any]], call: Call, channel: int) -> Outcome[Any]:
@@ -135,26 +210,47 @@ async def _wait(fut: Future[Outcome[Any]], call: Call, channel: int) -> Outcome[
             return await wrapped  # it is exchanging: the backend bounds that by the timeout
     error = stuck_error(call_words(call.seq, call.spec.name), call.timeout)
     call.session.break_(reason_of(error))
-    raise error
+    return Error(error)
 
 
-def _abandon(call: Call, inbound: Future[Outcome[Any]] | None, error: BaseException) -> None:
-    """Finish an abandoned call's exchanges in the background, with ``error`` as its outcome.
+def _abandon(
+    call: Call, sequence: _Sequence, pending: Future[Outcome[Any]] | None, error: BaseException, scored: bool = False
+) -> None:
+    """Drive the rest of an abandoned call's ``sequence`` in the background, with ``error`` as its function's outcome.
 
-    The other ranks then raise (a ``RemoteError`` naming the cancellation) instead of waiting for this
-    rank. Nothing here blocks: each remaining step runs when its turn comes.
+    ``pending`` is the exchange already submitted (its outcome is what the sequence gets next); without
+    one, the sequence is at its start, or (``scored``) waits for the function's outcome. The other ranks
+    then raise (a ``RemoteError`` naming the interruption) instead of waiting for this rank. Nothing
+    here blocks: each remaining exchange runs when its turn comes, on a worker thread.
     """
-    session, mode, seq, name = call.session, call.spec.impl, call.seq, call.spec.name
+    session, seq, name = call.session, call.seq, call.spec.name
     session.close(seq)
-    if inbound is None:
-        inbound = session.submit(INBOUND, seq, lambda: mode.inbound(call, Error(error)), name)
 
-    def after_inbound(f: Future[Outcome[Any]]) -> None:
-        out = None if f.cancelled() or f.exception() is not None else f.result()
-        if isinstance(out, Value):
-            scoring = out.value
-            session.submit(OUTBOUND, seq, lambda: mode.outbound(call, scoring, Error(error)), name)
-        else:
-            session.skip(OUTBOUND, seq)
+    def advance(got: Outcome[Any] | None) -> None:
+        try:
+            request = next(sequence) if got is None else sequence.send(got)
+            while isinstance(request, _Score):  # the function's turn, on every rank: its outcome is the interruption
+                request = sequence.send(Error(error))
+        except StopIteration:
+            return  # the call is over; its outcome was raised in the caller already
+        submitted = session.submit(request.channel, seq, request.step, name)
+        submitted.add_done_callback(lambda f: advance(f.result()))
 
-    inbound.add_done_callback(after_inbound)
+    if pending is not None:
+        pending.add_done_callback(lambda f: advance(f.result()))
+    else:
+        advance(Error(error) if scored else None)
+
+
+def leave(reason: str) -> int:
+    """This process is leaving: abandon every synced call still in flight, marking its group broken.
+
+    Each session with a call in flight breaks its latch with ``reason`` (``"the process is exiting"``):
+    every step still waiting for its turn fails at once, and no later call starts. A step already inside
+    an exchange ends by the backend's own deadline, or at once where a peer's abort is seen. For the
+    exit hooks; returns how many sessions were busy.
+    """
+    busy = [session for session in live_sessions() if session.busy()]
+    for session in busy:
+        session.break_(reason)
+    return len(busy)

@@ -39,11 +39,12 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError, first_line, forked_message
-from ._outcome import Outcome, Value
+from ._outcome import Error, Outcome, Value
 from ._wire import Predictor, ResultBlocks
 from .backends import Backend, on_release
+from .backends._waiting import CALL
 
-__all__ = ["Session", "call_words", "reason_of", "session_for", "stuck_error"]
+__all__ = ["Session", "call_words", "live_sessions", "reason_of", "session_for", "stuck_error"]
 
 T = TypeVar("T")
 
@@ -159,10 +160,11 @@ class Turnstile:
         self._latch = latch
         self._on_break = on_break
 
-    def run(self, seq: int, step: Callable[[], T], timeout: float, call: str) -> T:
-        """Wait (in this thread) for ``seq``'s turn, run ``step`` here, release the turn.
+    def run(self, seq: int, step: Callable[[], Outcome[T]], timeout: float, call: str) -> Outcome[T]:
+        """Wait (in this thread) for ``seq``'s turn, run ``step`` here, release the turn; the step's outcome.
 
-        ``call`` names the call in errors (:func:`call_words`).
+        A broken latch, or a turn that does not come within ``timeout``, is an ``Error`` (the latter
+        breaks the session). ``call`` names the call in errors (:func:`call_words`).
         """
         deadline = time.monotonic() + timeout
         with self._cv:
@@ -176,30 +178,31 @@ class Turnstile:
                 self._busy = True
             broken = self._latch.reason is not None
         if broken:
-            raise self._latch.error(call)
+            return Error(self._latch.error(call))
         if not ready:
             error = stuck_error(call, timeout)
             self._on_break(reason_of(error))
-            raise error
+            return Error(error)
         try:
             return step()
         finally:
             self._release(seq)
 
-    def submit(self, seq: int, step: Callable[[], T], call: str) -> Future[T]:
-        """Run ``step`` on a worker thread when ``seq``'s turn comes; never blocks the caller."""
-        fut: Future[T] = Future()
+    def submit(self, seq: int, step: Callable[[], Outcome[T]], call: str) -> Future[Outcome[T]]:
+        """Run ``step`` on a worker thread when ``seq``'s turn comes; never blocks the caller.
+
+        The future's result is the step's outcome (a broken latch, or what escaped the step, as an ``Error``).
+        """
+        fut: Future[Outcome[T]] = Future()
 
         def job(holds_turn: bool = True) -> None:
             try:
                 if not fut.set_running_or_notify_cancel():
                     return
                 try:
-                    if self._latch.reason is not None:
-                        raise self._latch.error(call)
-                    fut.set_result(step())
+                    fut.set_result(Error(self._latch.error(call)) if self._latch.reason is not None else step())
                 except BaseException as e:
-                    fut.set_exception(e)
+                    fut.set_result(Error(e))
             finally:
                 if holds_turn:
                     self._release(seq)
@@ -217,6 +220,11 @@ class Turnstile:
         if start:
             _POOL.submit(job, True)
         return fut
+
+    def idle(self) -> bool:
+        """No step runs or waits on this channel."""
+        with self._cv:
+            return not self._busy and not self._pending
 
     def withdraw(self, seq: int) -> bool:
         """Take back a submitted step that has not started; whether it was still waiting."""
@@ -296,6 +304,13 @@ class Session:
             )
         return seq, problem
 
+    def busy(self) -> bool:
+        """Whether a call of this session is in flight, or a step of one (finishing in the background) is left."""
+        with self._lock:
+            if self._in_flight:
+                return True
+        return not all(t.idle() for t in self.turns)
+
     def close(self, seq: int) -> None:
         """The call no longer belongs to its thread (done, or finishing in the background)."""
         with self._lock:
@@ -314,41 +329,51 @@ class Session:
     def _guarded(
         self, seq: int, step: Callable[[], Outcome[T]], function: str, channel: int
     ) -> Callable[[], Outcome[T]]:
-        """``step`` as run in its turn: the one place a backend's failure becomes an error of the call.
+        """``step`` as run in its turn: the one place a backend's failure becomes an ``Error`` of the call.
 
         A backend says what went wrong with the ranks (``rank(s) [1] did not arrive within timeout=2s``)
-        but knows neither the function nor the call; here its error is raised again, of the same type and
-        with the same attributes (``missing_ranks``), as ``synced call #3 of 'my_reward' timed out on rank 0
-        while sending its inputs: ...``. The session breaks (the first failure's words are the reason every
-        later call gives).
+        but knows neither the function nor the call; here its error is rebuilt, of the same type and with
+        the same attributes (``missing_ranks``), as ``synced call #3 of 'my_reward' timed out on rank 0
+        while sending its inputs: ...``, and handed on as the step's ``Error``. The session breaks (the first
+        failure's words are the reason every later call gives). While the step runs, a long wait inside the
+        backend names the call (``backends._waiting.CALL``).
         """
         call = call_words(seq, function)
 
+        words = f"{call} on rank {self.rank} while {_PHASES[channel]}"
+
         def run() -> Outcome[T]:
+            named = CALL.set(words)  # what a long wait in the backend names (backends._waiting)
             try:
                 return step()
             except CommunicationError as e:
                 verb = "timed out" if isinstance(e, SyncTimeoutError) else "failed"
                 error = _reworded(e, f"{call} {verb} on rank {self.rank} while {_PHASES[channel]}: {_text(e)}")
                 self.break_(reason_of(error))
-                if error is e:
-                    raise
-                raise error.with_traceback(e.__traceback__) from e.__cause__
+                if error is not e:
+                    error.__cause__, error.__suppress_context__ = e.__cause__, True
+                    error.__traceback__ = e.__traceback__
+                return Error(error)
             except BaseException as e:  # not collective: the ranks may now disagree about the sequence
                 where = f"on rank {self.rank} while {_PHASES[channel]}"
                 self.break_(f"{call} raised {type(e).__name__} {where}: {reason_of(e)}")
-                raise
+                return Error(e)
+            finally:
+                CALL.reset(named)
 
         return run
 
-    def step(self, channel: int, seq: int, step: Callable[[], Outcome[T]], timeout: float, function: str) -> T:
-        """Run one collective step of call ``seq`` (of ``function``) in its turn, in this thread; its value.
+    def step(self, channel: int, seq: int, step: Callable[[], Outcome[T]], timeout: float, function: str) -> Outcome[T]:
+        """Run one collective step of call ``seq`` (of ``function``) in its turn, in this thread; its outcome.
 
-        Raises the step's collective failure (its ``Error``, after the turn is released), or its transport
-        failure in the call's words.
+        The step's collective failure is its ``Error``; a transport failure is an ``Error`` too, in the
+        call's words (and the session is broken). Nothing is raised: the lifecycle settles what it gets.
         """
         guarded = self._guarded(seq, step, function, channel)
-        return self.turns[channel].run(seq, guarded, timeout, call_words(seq, function)).unwrap()
+        try:
+            return self.turns[channel].run(seq, guarded, timeout, call_words(seq, function))
+        except BaseException as e:  # an interrupt while this thread waited for the turn
+            return Error(e)
 
     def submit(self, channel: int, seq: int, step: Callable[[], Outcome[T]], function: str) -> Future[Outcome[T]]:
         """Run one step in its turn on a worker thread (async calls, and steps finished in the background)."""
@@ -405,6 +430,12 @@ _registry_lock = threading.Lock()
 def _forget_session(backend: Any) -> None:
     """A released backend's session goes too (it references the backend, so the weak key would never go)."""
     _sessions.pop(backend, None)
+
+
+def live_sessions() -> list[Session]:
+    """Every session of this process (for :func:`syncreward._lifecycle.leave`)."""
+    with _registry_lock:
+        return [*_sessions.values(), *(session for _, session in _strong.values())]
 
 
 def session_for(backend: Backend, function: str) -> Session:

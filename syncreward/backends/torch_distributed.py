@@ -18,6 +18,14 @@ that starts an exchange after a long pause (longer than half the timeout) first 
 too: the others may have given up on it while it was away, and it must raise with them rather than
 complete a half-abandoned exchange.
 
+The first synced call of a backend waits the same way before it connects the gloo groups: until every
+member has recorded its arrival (``_await_members``), looking at the groups' abort record between
+slices. A rank that gives up there leaves that record, so a rank reaching its first call later says
+at once that the others gave up on it. A wait that lasts logs a rate-limited warning naming the ranks
+not yet arrived (``_waiting``). A peer that leaves right after its part of an exchange (rank 0 exiting
+with the store) is no failure of an exchange whose data arrived: a wait that meets a peer's failure
+polls its work once more (:func:`_got_through`).
+
 Every failure of the lower layer is translated in one place, the ``_FAILURES`` table applied by
 :func:`_translate`, into words about the ranks; the session above (not this backend) adds which call of
 which function it was, and remembers that the group broke.
@@ -72,6 +80,7 @@ from .._errors import (
     late_message,
     timeout_message,
 )
+from ._waiting import WaitLog
 
 __all__ = ["TorchDistributedBackend"]
 
@@ -184,6 +193,20 @@ def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+def _got_through(work: Any) -> bool:
+    """Whether ``work`` completed after all: asked when a peer's failure, or its exit, is seen mid-wait.
+
+    A peer that leaves right after its part of an exchange (rank 0 exiting after its last call takes the
+    rendezvous store with it) looks like a failure to a rank whose data is already arriving: the data is
+    in this rank's socket buffers and gloo completes the work a moment later. One more poll slice tells.
+    """
+    try:
+        work.wait(_timedelta(_POLL_S))
+    except RuntimeError:
+        return False
+    return True
+
+
 class TorchDistributedBackend:
     """Exchange over ``torch.distributed`` (any initialised process group, gloo or NCCL).
 
@@ -272,12 +295,8 @@ class TorchDistributedBackend:
         with contextlib.suppress(Exception):  # so that a rank that gives up can say who never came
             store.set(f"syncreward/arrived-setup/{self._ranks[self._rank]}", "1")
         name = _agreed_name(self.name, self._pg is None, self._ranks)
-        # Wait for every member's arrival mark first (polling, silently): a rank that never comes is named at
-        # timeout= without gloo's rendezvous waiting in the store, which logs "[c10d] waitForInput ... timed
-        # out" lines before our error. A store that cannot say (an error from check) leaves it to the rendezvous.
-        missing = self._await_setup(store, time.monotonic() + timeout)
-        if missing:
-            raise SyncTimeoutError(self._setup_timeout_text(missing, timeout), missing)
+        records = dist.PrefixStore(f"{name}/", store)  # type: ignore[attr-defined]  # the groups' abort record
+        self._await_members(store, records, timeout)
         try:
             # the rendezvous has no wait loop of ours around it: its own timeout is the user's
             groups = [
@@ -292,11 +311,11 @@ class TorchDistributedBackend:
                 for c in (0, 1)
             ]
         except Exception as e:
+            self._raise_if_given_up(records, timeout)  # the others gave up on this rank while it connected
             if not _is_timeout(e):
                 raise _translate(e) from e
-            missing = self._missing_at_setup(store)
-            raise SyncTimeoutError(self._setup_timeout_text(missing, timeout), missing) from e
-        self._store = dist.PrefixStore(f"{name}/", store)  # type: ignore[attr-defined]
+            raise self._setup_timed_out(store, records, timeout) from e
+        self._store = records
         self._name = name
         log.debug("created syncreward gloo groups %s in %.3fs", name, time.perf_counter() - t0)
         return groups
@@ -311,30 +330,62 @@ class TorchDistributedBackend:
             log.debug("no rendezvous store available", exc_info=True)
             return None
 
-    def _setup_timeout_text(self, missing: Sequence[int], timeout: float) -> str:
-        who = (
-            f"rank(s) {list(missing)} did not make their first synced call" if missing else "the others did not arrive"
-        )
-        return (
-            f"{who} within timeout={timeout:g}s, so syncreward could not connect ranks {self._ranks}. HINT: every "
-            "rank of the group must make the same synced calls; raise timeout= if some ranks legitimately start "
-            "much later."
-        )
+    def _await_members(self, store: Any, records: Any, timeout: float) -> None:
+        """Wait (in slices) until every member has made its first synced call, before connecting to them.
 
-    def _await_setup(self, store: Any, deadline: float) -> list[int]:
-        """Poll until every member has marked its arrival; the ones still missing at ``deadline``."""
-        keys = [f"syncreward/arrived-setup/{g}" for g in self._ranks]
+        A rank that arrives after the others gave up on it learns so from their abort record at once and
+        says so (:func:`late_message`), instead of waiting out its own timeout in gloo's rendezvous; a rank
+        that waits long names the ranks not yet arrived (``_waiting``); at ``timeout`` it raises naming
+        them and leaves the abort record for the late ones.
+        """
+        waits: WaitLog | None = None
+        deadline = time.monotonic() + timeout
         pause = 0.002
         while True:
-            try:
-                if store.check(keys):
-                    return []
-            except Exception:
-                return []
+            self._raise_if_given_up(records, timeout)
+            missing = self._missing_at_setup(store)
+            if not missing:
+                return
             if time.monotonic() >= deadline:
-                return self._missing_at_setup(store)
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 0.05)
+                raise self._setup_timed_out(store, records, timeout)
+            if waits is None:
+                waits = WaitLog(timeout, started=deadline - timeout)
+            elif waits.due():
+                waits.warn(missing, "make their first synced call")
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+            pause = min(pause * 2, _POLL_S)
+
+    def _raise_if_given_up(self, records: Any, timeout: float) -> None:
+        """Raise if the group's abort record says the others gave up (``T``) or failed (``F``) already."""
+        try:
+            record = bytes(records.get("abort")).decode(errors="replace") if records.check(["abort"]) else None
+        except Exception:  # the store is unreachable: the connection attempt itself will say so
+            return
+        if record is None:
+            return
+        if record.startswith("T"):
+            raise CommunicationError(late_message(record[1:], timeout))
+        raise CommunicationError(
+            f"{record[1:]}. HINT: a peer process probably exited, crashed or was killed; see its log. The group is "
+            "now unusable."
+        )
+
+    def _setup_timed_out(self, store: Any, records: Any, timeout: float) -> SyncTimeoutError:
+        """The error of a rank that waited ``timeout`` for the others' first synced call; leaves the abort record."""
+        missing = self._missing_at_setup(store)
+        with contextlib.suppress(Exception):  # a rank arriving later then says at once that it came too late
+            if not records.check(["abort"]):
+                who = f"rank(s) {missing}" if missing else "the other ranks"
+                records.set(
+                    "abort", f"Trank {self._rank} waited {timeout:g}s for {who} to make their first synced call"
+                )
+        who = f"rank(s) {missing} did not make their first synced call" if missing else "the others did not arrive"
+        return SyncTimeoutError(
+            f"{who} within timeout={timeout:g}s, so syncreward could not connect ranks {self._ranks}. HINT: every "
+            "rank of the group must make the same synced calls; raise timeout= if some ranks legitimately start "
+            "much later.",
+            missing,
+        )
 
     def _missing_at_setup(self, store: Any) -> list[int]:
         if store is None:
@@ -422,6 +473,7 @@ class TorchDistributedBackend:
         op = self._ops[channel] = self._ops[channel] + 1
         deadline = time.monotonic() + timeout
         slice_s = 0.02
+        waits: WaitLog | None = None
         while True:
             try:
                 work.wait(_timedelta(max(min(slice_s, deadline - time.monotonic()), 0.001)))
@@ -429,13 +481,24 @@ class TorchDistributedBackend:
             except RuntimeError as e:
                 if _WORK_TIMEOUT_MESSAGE not in str(e):
                     self._fail(e)
-            if slice_s != _POLL_S:
+            if waits is None:
                 slice_s = _POLL_S
                 self._mark_arrived(channel, op)
-            if self._check_peers() or time.monotonic() >= deadline:  # a peer gave up: so do we, naming who
+                waits = WaitLog(timeout, started=deadline - timeout)
+            elif waits.due():
+                waits.warn(self._not_arrived(channel, op), "arrive in this exchange")
+            try:
+                gave_up = self._check_peers()
+            except CommunicationError:
+                if _got_through(work):  # its data arrived: a peer that left after its part fails nothing
+                    return
+                raise
+            if gave_up or time.monotonic() >= deadline:  # a peer gave up: so do we, naming who
                 self._timed_out(channel, timeout)
 
     def _mark_arrived(self, channel: int, op: int) -> None:
+        # Best effort, and never a reason to fail: the store lives in rank 0's process, which may have left
+        # right after its part of this exchange (the data then still arrives; see _got_through).
         if self._store is not None:
             with contextlib.suppress(Exception):  # best effort: it only helps name the missing ranks
                 self._store.set(f"arrived/{channel}/{self._rank}", str(op))
@@ -497,6 +560,15 @@ class TorchDistributedBackend:
             except Exception:
                 missing = []
         raise SyncTimeoutError(timeout_message(missing, timeout), missing)
+
+    def _not_arrived(self, channel: int, op: int) -> list[int] | None:
+        """The ranks without an arrival record for this exchange (``None``: the store cannot tell)."""
+        if self._store is None:
+            return None
+        try:
+            return [r for r in range(self._world_size) if not self._arrived(channel, r, op)]
+        except Exception:
+            return None
 
     def _arrived(self, channel: int, rank: int, op: int) -> bool:
         key = f"arrived/{channel}/{rank}"

@@ -1,0 +1,82 @@
+"""A rank that waits long for its peers says so: a rate-limited warning naming the call, who, and how long.
+
+Checked where a rank waits on real gloo ranks: for the first synced call of a rank that never makes it
+(it exited), and inside an exchange for a rank that comes late. ``SYNCREWARD_WAIT_WARN_S`` makes the
+first warning come early (it is 60 s by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+from _helpers import outcome
+
+from syncreward import synced_reward
+from syncreward.backends._waiting import WARN_ENV, WaitLog
+from syncreward.testing import run_ranks
+
+
+def _plain(completions: Any, **kwargs: Any) -> list[float]:
+    return [float(len(c)) for c in completions]
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.name}: {record.getMessage()}")
+
+
+def _body(rank: int, world_size: int, case: str) -> tuple[Any, list[str]]:
+    records = _Records()
+    logging.getLogger("syncreward").addHandler(records)
+    synced = synced_reward(timeout=6)(_plain)
+    if case == "exchange":
+        synced([f"c{rank}"])  # the groups exist: the next wait is inside an exchange
+    if rank == 1:
+        if case == "first_call":
+            return ("skipped", None, 0.0), []  # skips its first synced call and exits
+        time.sleep(3.0)
+    return outcome(synced, [f"c{rank}"]), records.lines
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", ["first_call", "exchange"])
+def test_waiting_rank_says_so_naming_the_call_the_missing_rank_and_the_time(case: str) -> None:
+    (r0, _) = run_ranks(_body, 2, case, timeout=120, env={WARN_ENV: "1"})
+    got, lines = r0
+    call = "synced call #0 of '_plain'" if case == "first_call" else "synced call #1 of '_plain'"
+    waits = [line for line in lines if "has waited" in line]
+    assert waits, f"rank 0 waited {got[2]:.1f}s without a word (it logged {lines})"
+    first = waits[0]
+    assert first.startswith("syncreward."), first
+    assert call in first, first
+    assert "on rank 0" in first, first
+    assert "not arrived: rank(s) [1]" in first, first
+    assert "timeout=6s" in first, first
+    assert len(waits) <= 3, f"not rate-limited: {waits}"  # at 1 s, 2 s, 4 s of a wait of at most 6 s
+    expected = "SyncTimeoutError" if case == "first_call" else "ok"
+    assert got[0] == expected, got
+
+
+def test_waiting_says_so_only_after_the_first_interval_then_each_time_the_wait_doubled(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(WARN_ENV, "10")
+    started = time.monotonic() - 10.2
+    waits = WaitLog(timeout=100, started=started)
+    assert waits.due()
+    with caplog.at_level(logging.WARNING, logger="syncreward"):
+        waits.warn([2, 3], "arrive in this exchange")
+    assert not waits.due()  # the next one when the wait has doubled (at 21 s)
+    (record,) = caplog.records
+    assert "has waited 10s of timeout=100s" in record.getMessage()
+    assert "rank(s) [2, 3]" in record.getMessage()
+    assert not WaitLog(timeout=5).due()  # a timeout before the first warning: its error says it all
+    monkeypatch.setenv(WARN_ENV, "4")
+    assert WaitLog(timeout=5, started=time.monotonic() - 4.1).due()
