@@ -366,8 +366,8 @@ class TorchDistributedBackend:
         if record.startswith("T"):
             raise CommunicationError(late_message(record[1:], timeout))
         raise CommunicationError(
-            f"{record[1:]}. HINT: a peer process probably exited, crashed or was killed; see its log. The group is "
-            "now unusable."
+            f"the other ranks' group failed before this rank arrived ({record[1:]}). HINT: a peer process probably "
+            "exited, crashed or was killed; see its log. The group is now unusable."
         )
 
     def _setup_timed_out(self, store: Any, records: Any, timeout: float) -> SyncTimeoutError:
