@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
+from ._identity import Site
 from ._modes._base import Call, Payload, Scoring, Spec
 from ._outcome import Error, Outcome, Value, capture
 from ._session import call_words, reason_of, session_for, stuck_error
@@ -52,7 +53,7 @@ def _scoring() -> Iterator[None]:
 
 
 def _open(
-    spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str, is_async: bool
+    spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site, is_async: bool
 ) -> tuple[Call, Outcome[Payload]]:
     session = session_for(backend, spec.name)
     seq, problem = session.open(is_async)
@@ -76,7 +77,7 @@ def _score(fn: Callable[..., Any], scoring: Scoring) -> Outcome[Any]:
         return capture(fn, *args, **kwargs)  # any exception travels to the other ranks, then is raised here
 
 
-def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
+def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site) -> Any:
     """Make one synced call of a plain function (called from ``site``) and return this rank's results."""
     call, own = _open(spec, backend, args, kwargs, site, is_async=False)
     session, mode, seq, name = call.session, spec.impl, call.seq, spec.name
@@ -92,7 +93,7 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
         session.close(seq)
 
 
-async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
+async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site) -> Any:
     """Make one synced call of an ``async`` function (from ``site``); its exchanges never block the event loop."""
     call, own = _open(spec, backend, args, kwargs, site, is_async=True)
     session, mode, seq, name = call.session, spec.impl, call.seq, spec.name
