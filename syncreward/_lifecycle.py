@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
+from ._errors import MismatchError
 from ._identity import Site
 from ._modes._base import Call, Payload, Scoring, Spec
 from ._outcome import Error, Outcome, Value, capture
@@ -53,10 +55,16 @@ def _scoring() -> Iterator[None]:
 
 
 def _open(
-    spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site, is_async: bool
+    spec: Spec,
+    backend: Backend,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    site: Site,
+    is_async: bool,
+    task: tuple[str, Any, Any] | None = None,
 ) -> tuple[Call, Outcome[Payload]]:
     session = session_for(backend, spec.name)
-    seq, problem = session.open(is_async)
+    seq, problem = session.open(is_async, task)
     try:
         return Call.open(spec, session, seq, site, args, kwargs, problem)
     except BaseException:  # KeyboardInterrupt while binding: the sequence number is taken, so finish the call
@@ -94,8 +102,35 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
 
 
 async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site) -> Any:
-    """Make one synced call of an ``async`` function (from ``site``); its exchanges never block the event loop."""
-    call, own = _open(spec, backend, args, kwargs, site, is_async=True)
+    """Make one synced call of an ``async`` function (from ``site``); its exchanges never block the event loop.
+
+    The session learns which task makes the call, and in which turn of the event loop (``Session.open``):
+    a call whose order with another call of the same place depends on timing raises ``MismatchError``.
+    """
+    task = (f"{spec.key}\0{site.key}", asyncio.current_task(), _turn(asyncio.get_running_loop()))
+    call, own = _open(spec, backend, args, kwargs, site, True, task)
+    try:
+        value = await _steps_async(spec, call, own)
+    finally:
+        untold = call.session.finish(call.seq)
+    if untold is not None:  # a later call of the same place showed that this one's order was timing's
+        raise MismatchError(untold)
+    return value
+
+
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, object] = weakref.WeakKeyDictionary()
+
+
+def _turn(loop: asyncio.AbstractEventLoop) -> object:
+    """A token of the event loop's current turn (its run of ready callbacks): tasks started in it share it."""
+    turn = _turns.get(loop)
+    if turn is None:
+        turn = _turns[loop] = object()
+        loop.call_soon(_turns.pop, loop, None)  # runs in the loop's next turn
+    return turn
+
+
+async def _steps_async(spec: Spec, call: Call, own: Outcome[Payload]) -> Any:
     session, mode, seq, name = call.session, spec.impl, call.seq, spec.name
     fn: Callable[..., Awaitable[Any]] = spec.fn
     inbound = session.submit(INBOUND, seq, lambda: mode.inbound(call, own), name)
