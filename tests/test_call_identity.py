@@ -294,6 +294,7 @@ def test_per_rank_public_state_is_a_mismatch_named_in_the_message(runner: str) -
     assert _kinds(results) == [["MismatchError"], ["MismatchError"]], results
     assert ".log_path='judge-rank0.jsonl'" in results[1][0][1]
     assert ".log_path='judge-rank1.jsonl'" in results[1][0][1]
+    assert "keep it in a private attribute" in results[1][0][1]  # the HINT says what to do
 
 
 # The script a launcher runs: its parent process is rank 0 and it spawns rank 1 with multiprocessing, whose
