@@ -65,21 +65,36 @@ def plain_repr(value: Any, depth: int = 0) -> str:
     Plain values (``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, and lists, tuples and
     str-keyed dicts of them) are written out; anything else is ``<TypeName>``.
     """
+    return _repr(value, depth, config=False)
+
+
+def config_repr(value: Any, depth: int = 0) -> str:
+    """:func:`plain_repr` of a reward's configuration, without what differs between ranks by design.
+
+    A string that names a device (``"cuda:3"``, ``"cpu"``) is written ``<device>``, as a ``torch.device``
+    is, and a dict's entries under a private or per-rank key (:func:`_per_rank`) are left out.
+    """
+    return _repr(value, depth, config=True)
+
+
+def _repr(value: Any, depth: int, config: bool) -> str:
     if value is None or isinstance(value, (bool, int, float)):
         return repr(value)
     if isinstance(value, str):
+        if config and len(value) <= 32 and _DEVICE.fullmatch(value):
+            return "<device>"
         return repr(value) if len(value) <= 256 else f"{value[:256]!r}...<{len(value)} chars>"
     if isinstance(value, bytes):
         return repr(value[:64]) + (f"...<{len(value)} bytes>" if len(value) > 64 else "")
     if depth < 3 and isinstance(value, (list, tuple)):
-        items = ", ".join(plain_repr(v, depth + 1) for v in value[:_MAX_ITEMS])
+        items = ", ".join(_repr(v, depth + 1, config) for v in value[:_MAX_ITEMS])
         more = f", ...<{len(value)} items>" if len(value) > _MAX_ITEMS else ""
         if isinstance(value, list):
             return f"[{items}{more}]"
         return f"({items}{more},)" if len(value) == 1 else f"({items}{more})"
     if depth < 3 and isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        keys = sorted(value)
-        items = ", ".join(f"{k}={plain_repr(value[k], depth + 1)}" for k in keys[:_MAX_ITEMS])
+        keys = sorted(k for k in value if not (config and _per_rank(k)))
+        items = ", ".join(f"{k}={_repr(value[k], depth + 1, config)}" for k in keys[:_MAX_ITEMS])
         more = f", ...<{len(keys)} keys>" if len(keys) > _MAX_ITEMS else ""
         return f"{{{items}{more}}}"
     return f"<{type(value).__qualname__}>"
@@ -98,28 +113,6 @@ _PER_RANK_WORDS = frozenset(
     {"rank", "ranks", "device", "devices", "gpu", "gpus", "cuda", "process", "seed", "worker", "pid"}
 )
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu|npu|hpu|mlu|musa|xla|meta|ipu|mtia|privateuseone)(:\d+)?")
-
-
-def config_repr(value: Any, depth: int = 0) -> str:
-    """:func:`plain_repr` of a reward's configuration, without what differs between ranks by design.
-
-    A string that names a device (``"cuda:3"``, ``"cpu"``) is written ``<device>``, as a ``torch.device``
-    is, and a dict's entries under a per-rank or private key (:func:`_per_rank`) are left out.
-    """
-    if isinstance(value, str) and len(value) <= 32 and _DEVICE.fullmatch(value):
-        return "<device>"
-    if depth < 3 and isinstance(value, (list, tuple)):
-        items = ", ".join(config_repr(v, depth + 1) for v in value[:_MAX_ITEMS])
-        more = f", ...<{len(value)} items>" if len(value) > _MAX_ITEMS else ""
-        if isinstance(value, list):
-            return f"[{items}{more}]"
-        return f"({items}{more},)" if len(value) == 1 else f"({items}{more})"
-    if depth < 3 and isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        keys = sorted(k for k in value if not _per_rank(k))
-        items = ", ".join(f"{k}={config_repr(value[k], depth + 1)}" for k in keys[:_MAX_ITEMS])
-        more = f", ...<{len(keys)} keys>" if len(keys) > _MAX_ITEMS else ""
-        return f"{{{items}{more}}}"
-    return plain_repr(value, depth)
 
 
 def _attributes(obj: Any) -> dict[str, str]:
