@@ -68,6 +68,7 @@ def _open(
     try:
         return Call.open(spec, session, seq, site, args, kwargs, problem)
     except BaseException:  # KeyboardInterrupt while binding: the sequence number is taken, so finish the call
+        session.finish(seq)
         _abandon(
             Call.unbound(spec, session, seq, site), None, KeyboardInterrupt("synced call interrupted while preparing")
         )
