@@ -61,7 +61,7 @@ def _open(
     kwargs: dict[str, Any],
     site: Site,
     is_async: bool,
-    task: tuple[str, Any, Any] | None = None,
+    task: tuple[Any, str, Any, Any] | None = None,
 ) -> tuple[Call, Outcome[Payload]]:
     session = session_for(backend, spec.name)
     seq, problem = session.open(is_async, task)
@@ -108,7 +108,7 @@ async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs
     The session learns which task makes the call, and in which turn of the event loop (``Session.open``):
     a call whose order with another call of the same place depends on timing raises ``MismatchError``.
     """
-    task = (f"{spec.key}\0{site.key}", asyncio.current_task(), _turn(asyncio.get_running_loop()))
+    task = (spec, site.key, asyncio.current_task(), _turn(asyncio.get_running_loop()))
     call, own = _open(spec, backend, args, kwargs, site, True, task)
     try:
         value = await _steps_async(spec, call, own)

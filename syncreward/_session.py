@@ -259,7 +259,9 @@ class Session:
         self._seq = 0
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[int, bool]] = {}  # seq -> (thread id, async)
-        self._tasks: dict[int, tuple[str, Any, Any]] = {}  # unfinished async calls: seq -> (place, task, loop turn)
+        self._tasks: dict[
+            int, tuple[Any, str, Any, Any]
+        ] = {}  # unfinished async calls: seq -> (spec, site, task, turn)
         self._untold: dict[int, str] = {}  # unfinished async calls found ambiguous by a later call: seq -> why
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -275,14 +277,15 @@ class Session:
         if self.latch.reason is not None:
             raise self.latch.error(f"a synced call of {function!r}")
 
-    def open(self, is_async: bool, task: tuple[str, Any, Any] | None = None) -> tuple[int, str | None]:
+    def open(self, is_async: bool, task: tuple[Any, str, Any, Any] | None = None) -> tuple[int, str | None]:
         """Take the next sequence number; say why this call cannot be ordered safely, if it cannot.
 
-        ``task`` is an async call's ``(place, task, turn)``: what it calls from where (the reward's
-        identity and the call site's key), the asyncio task it runs in and the event loop's turn it starts
-        in. Two unfinished calls of one place from two tasks that did not start them in one turn started
-        in an order that depends on timing, not on the program: the later call fails (on every rank) and
-        the earlier one, once its exchanges are done, raises too (:meth:`finish`).
+        ``task`` is an async call's ``(spec, site, task, turn)``: what it calls (the reward's spec, whose
+        ``key`` is its identity) from where (the call site's key), the asyncio task it runs in and the event
+        loop's turn it starts in. Two unfinished calls of one reward from one place, by two tasks that did
+        not start them in one turn, started in an order that depends on timing, not on the program: the
+        later call fails (on every rank) and the earlier one, once its exchanges are done, raises too
+        (:meth:`finish`).
         """
         me = threading.get_ident()
         with self._lock:
@@ -292,8 +295,12 @@ class Session:
             self._in_flight[seq] = (me, is_async)
             twins = []
             if task is not None:
-                place, owner, turn = task
-                twins = [s for s, (p, o, t) in self._tasks.items() if p == place and o is not owner and t is not turn]
+                spec, site, owner, turn = task
+                twins = [
+                    s
+                    for s, (sp, si, o, t) in self._tasks.items()
+                    if o is not owner and t is not turn and si == site and (sp is spec or sp.key == spec.key)
+                ]
                 self._tasks[seq] = task
                 for s in twins:
                     self._untold.setdefault(s, _UNTOLD)
