@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from _helpers import outcome
 
+import syncreward
 from syncreward import MismatchError, synced_reward
 from syncreward._identity import Identity, call_site, plain_repr
 from syncreward.testing import free_port, run_ranks, run_threads
@@ -550,8 +551,13 @@ def test_call_site_of_code_without_a_file_holds_a_digest_of_its_code() -> None:
 
 def test_code_digest_does_not_depend_on_the_process_hash_salt(tmp_path: Any) -> None:
     source = "def f(x):\n    return x in {'a', 'b', 'c', 'd'} and (lambda: x.upper())()\n"
+    identity = os.path.join(os.path.dirname(syncreward.__file__), "_identity.py")  # standalone: no torch to import
     script = (
-        f"from syncreward._identity import code_digest\nprint(code_digest(compile({source!r}, '<cell>', 'exec')))\n"
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('identity', {identity!r})\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        f"print(module.code_digest(compile({source!r}, '<cell>', 'exec')))\n"
     )
     digests = set()
     for seed in ("1", "2", "3"):
