@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._errors import MismatchError
-from ._identity import Site
+from ._identity import NO_CALLER, Site
 from ._modes._base import Call, Payload, Scoring, Spec
 from ._outcome import Error, Outcome, Value, capture
 from ._session import call_words, reason_of, session_for, stuck_error
@@ -105,10 +105,14 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
 async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site) -> Any:
     """Make one synced call of an ``async`` function (from ``site``); its exchanges never block the event loop.
 
-    The session learns which task makes the call, and in which turn of the event loop (``Session.open``):
-    a call whose order with another call of the same place depends on timing raises ``MismatchError``.
+    The session learns which task makes the call from which coroutine, and in which turn of the event loop
+    (``Session.open``): a call whose order with another call of the same place depends on timing raises
+    ``MismatchError``. A task that runs the synced coroutine itself (``NO_CALLER``) starts the call in its
+    first step, in the order the tasks were created: nothing can have been awaited before it.
     """
-    task = (spec, site.key, asyncio.current_task(), _turn(asyncio.get_running_loop()))
+    task = None
+    if site is not NO_CALLER:
+        task = (spec, site.key, asyncio.current_task(), _turn(asyncio.get_running_loop()))
     call, own = _open(spec, backend, args, kwargs, site, True, task)
     try:
         value = await _steps_async(spec, call, own)

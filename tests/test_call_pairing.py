@@ -119,3 +119,18 @@ async def _trl_like_body(rank: int, world_size: int) -> list[Any]:
 def test_concurrent_calls_of_one_reward_started_in_one_loop_turn_pair_in_program_order(runner: str) -> None:
     results = _run(runner, _trl_like_body)
     assert results == [[("ok", ["A0+A1"]), ("ok", ["B0+B1"])]] * 2, results
+
+
+async def _created_one_per_turn_body(rank: int, world_size: int) -> list[Any]:
+    """Tasks that run the synced coroutine themselves start it first thing, in the order they were created."""
+    tasks = []
+    for name in "AB":
+        tasks.append(asyncio.ensure_future(_CHUNKED(completions=[f"{name}{rank}"])))
+        await asyncio.sleep(0.05)  # the next task is created in a later turn of the event loop
+    return _described(await asyncio.gather(*tasks, return_exceptions=True))
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_concurrent_tasks_that_run_the_synced_coroutine_itself_pair_in_creation_order(runner: str) -> None:
+    results = _run(runner, _created_one_per_turn_body)
+    assert results == [[("ok", ["A0+A1"]), ("ok", ["B0+B1"])]] * 2, results
