@@ -332,5 +332,6 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options) -> Any:
     wrapper.__name__ = display
     if not isinstance(getattr(func, "__qualname__", None), str):
         wrapper.__qualname__ = wrapper.__name__
+    spec.identity.named_by(wrapper)  # a name given to the synced function later is read at each call
     wrapper.__syncreward_spec__ = spec  # type: ignore[attr-defined]
     return wrapper

@@ -203,6 +203,14 @@ def mismatch(session: Session, desc_sizes: Sequence[int], description: str, chan
             "if the ranks run different code on purpose (a Ray driver and a task), make every rank call the "
             "synced function through one shared function."
         )
+    elif len({_reward_of(t) for t in texts}) > 1 and len({_columns_of(t) for t in texts}) == 1:
+        hint = (
+            "the ranks called different rewards, or copies of one reward configured differently (the part in "
+            "brackets), at the same point: call them in the same order on every rank. Where a reward's "
+            "configuration differs between ranks on purpose (a path or a seed per rank), keep it in a private "
+            "attribute (`self._log_path`): private names and per-rank ones (`device`, `rank`, `seed`) are not part "
+            "of a reward's identity."
+        )
     return Error(
         MismatchError(
             "ranks made different synced calls at the same point, so their batches cannot be combined:\n"
@@ -210,6 +218,18 @@ def mismatch(session: Session, desc_sizes: Sequence[int], description: str, chan
             + f"\nHINT: {hint}"
         )
     )
+
+
+_COLUMNS = " per-sample columns "  # what follows the reward's identity in a call's description (``Call.open``)
+
+
+def _reward_of(description: str) -> str:
+    """The reward's identity and options in a call's description (``call #3 at step 1: <this> per-sample ...``)."""
+    return description.split(_COLUMNS, 1)[0].split(": ", 1)[-1]
+
+
+def _columns_of(description: str) -> str:
+    return description.rsplit(SITE, 1)[0].split(_COLUMNS, 1)[-1]
 
 
 def _blocks(header: bytes, payload: bytes | bytearray, counts: Sequence[int], mine: frozenset[int]) -> np.ndarray:

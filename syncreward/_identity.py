@@ -4,19 +4,27 @@ Calls pair across ranks by their order on each rank; every call's header carries
 ranks whose fingerprints differ raise :class:`~syncreward.MismatchError` together. The fingerprint is
 made only of what every rank computes alike from the same program:
 
-* :class:`Identity` (computed at decoration time, refreshed when a sibling is decorated): the module
-  and qualified name of the function (or the callable instance's class), and those features that tell
-  it from a *sibling* -- its ``__name__`` (TRL logs rewards by it), a ``functools.partial``'s plain
-  arguments, a closure's captured values, the plain attributes of a callable instance or of a bound
-  method's object -- whose values differ between the siblings this process decorated. Plain values
-  are written out by :func:`plain_repr`, which never includes a memory address, a ``set``'s order or
-  an object's ``repr()``; other values stand for their type's name only. So two rewards that differ
-  only in non-plain state (two instances holding different models) are not told apart.
+Nothing that depends on the process -- what else it decorated, still holds alive or has collected,
+the name its script was imported under, the path its code lives at -- enters it:
+
+* :class:`Identity`: the module and qualified name of the function (or the callable instance's class;
+  the script's module is ``__main__`` in every process, ``__mp_main__`` included), its configuration
+  taken when it is decorated -- a ``functools.partial``'s plain arguments, a closure's captured values,
+  the public plain attributes of a callable instance or of a bound method's object, less every entry
+  whose name is private (``_cache``) or says it is placed per rank (``device``, ``local_rank``,
+  ``process_index``, ``seed``; a device string such as ``"cuda:3"`` counts as ``<device>``) -- and
+  the ``__name__`` of the synced wrapper, read at each call. Plain values are written out by
+  :func:`plain_repr`, which never includes a memory address, a ``set``'s order or an object's
+  ``repr()``; other values stand for their type's name only. So two rewards that differ only in
+  non-plain state (two instances holding different models) are not told apart.
 * :func:`call_site` (every call): the module, function and line (relative to the function's first
-  line, so edits elsewhere in a file do not matter) of the code that called the synced function. A call
-  made from an event loop's task or a thread pool (no user frame directly above it) is the same site on
-  every rank. So a call on some ranks only -- a callback that scores under ``if is_main_process`` at
-  the same training step -- does not pair with the other ranks' training call.
+  line, so edits elsewhere in a file do not matter) and the call instruction's offset of the code that
+  called the synced function; for code without a file of its own (``exec``, a notebook cell), a
+  module's top level and a lambda, also a digest of that code's compiled content. A call made from an
+  event loop's task or a thread pool (no user frame directly above it) is the same site on every rank.
+  So a call on some ranks only -- a callback that scores under ``if is_main_process`` at the same
+  training step -- does not pair with the other ranks' training call. What is compared is that
+  path-independent key; messages show ``file:line in function`` (:class:`Site`).
 """
 
 from __future__ import annotations
@@ -25,16 +33,27 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import hashlib
 import inspect
 import os
+import re
 import threading
-import weakref
 from types import FrameType
 from typing import Any
 
-from .backends import _context_backend
-
-__all__ = ["Identity", "call_site", "features", "plain_repr", "innermost", "reward_target"]
+__all__ = [
+    "NO_CALLER",
+    "Identity",
+    "Site",
+    "call_site",
+    "code_digest",
+    "config_repr",
+    "features",
+    "innermost",
+    "module_name",
+    "plain_repr",
+    "reward_target",
+]
 
 MAX_REPR = 2048  # characters of plain configuration written out per reward; the rest is summarised
 _MAX_ITEMS = 64  # items of a list/tuple/dict written out; longer ones also carry their length
@@ -46,28 +65,58 @@ def plain_repr(value: Any, depth: int = 0) -> str:
     Plain values (``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, and lists, tuples and
     str-keyed dicts of them) are written out; anything else is ``<TypeName>``.
     """
+    return _repr(value, depth, config=False)
+
+
+def config_repr(value: Any, depth: int = 0) -> str:
+    """:func:`plain_repr` of a reward's configuration, without what differs between ranks by design.
+
+    A string that names a device (``"cuda:3"``, ``"cpu"``) is written ``<device>``, as a ``torch.device``
+    is, and a dict's entries under a private or per-rank key (:func:`_per_rank`) are left out.
+    """
+    return _repr(value, depth, config=True)
+
+
+def _repr(value: Any, depth: int, config: bool) -> str:
     if value is None or isinstance(value, (bool, int, float)):
         return repr(value)
     if isinstance(value, str):
+        if config and len(value) <= 32 and _DEVICE.fullmatch(value):
+            return "<device>"
         return repr(value) if len(value) <= 256 else f"{value[:256]!r}...<{len(value)} chars>"
     if isinstance(value, bytes):
         return repr(value[:64]) + (f"...<{len(value)} bytes>" if len(value) > 64 else "")
     if depth < 3 and isinstance(value, (list, tuple)):
-        items = ", ".join(plain_repr(v, depth + 1) for v in value[:_MAX_ITEMS])
+        items = ", ".join(_repr(v, depth + 1, config) for v in value[:_MAX_ITEMS])
         more = f", ...<{len(value)} items>" if len(value) > _MAX_ITEMS else ""
         if isinstance(value, list):
             return f"[{items}{more}]"
         return f"({items}{more},)" if len(value) == 1 else f"({items}{more})"
     if depth < 3 and isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        keys = sorted(value)
-        items = ", ".join(f"{k}={plain_repr(value[k], depth + 1)}" for k in keys[:_MAX_ITEMS])
+        keys = sorted(k for k in value if not (config and _per_rank(k)))
+        items = ", ".join(f"{k}={_repr(value[k], depth + 1, config)}" for k in keys[:_MAX_ITEMS])
         more = f", ...<{len(keys)} keys>" if len(keys) > _MAX_ITEMS else ""
         return f"{{{items}{more}}}"
     return f"<{type(value).__qualname__}>"
 
 
+def _per_rank(name: str) -> bool:
+    """Whether a configuration name says its value is private or placed per rank (see :func:`config_repr`)."""
+    return name.startswith("_") or not _PER_RANK_WORDS.isdisjoint(_WORD.split(name.lower()))
+
+
+_WORD = re.compile(r"[^a-z0-9]+")
+# A name holding one of these words is left out of a reward's identity: its value differs between the ranks
+# of one job by design (``device="cuda:{rank}"``, ``local_rank``, accelerate's ``process_index`` and
+# ``is_main_process``, a per-rank ``seed``, a Ray ``worker_id``), never between configured copies of a reward.
+_PER_RANK_WORDS = frozenset(
+    {"rank", "ranks", "device", "devices", "gpu", "gpus", "cuda", "process", "seed", "worker", "pid"}
+)
+_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|npu|hpu|mlu|musa|xla|meta|ipu|mtia|privateuseone)(:\d+)?")
+
+
 def _attributes(obj: Any) -> dict[str, str]:
-    """An object's configuration: each instance attribute (private ones too), as :func:`plain_repr` writes it."""
+    """An object's configuration: its public instance attributes, as :func:`config_repr` writes them."""
     try:
         attrs = vars(obj)
     except TypeError:  # no __dict__ (slots, builtins)
@@ -75,11 +124,20 @@ def _attributes(obj: Any) -> dict[str, str]:
         attrs = {s: getattr(obj, s) for s in slots if hasattr(obj, s)}
     if not isinstance(attrs, dict):
         return {}
-    return {f".{k}": plain_repr(v) for k, v in attrs.items() if isinstance(k, str)}
+    return {f".{k}": config_repr(v) for k, v in attrs.items() if isinstance(k, str) and not _per_rank(k)}
+
+
+def module_name(module: Any) -> Any:
+    """A module's name as every rank of one program knows it: the script is ``__main__`` everywhere.
+
+    ``multiprocessing``'s spawn and forkserver children import the parent's script as ``__mp_main__``
+    (so that its ``if __name__ == "__main__":`` block does not run again); pickle resolves it the same way.
+    """
+    return "__main__" if module == "__mp_main__" else module
 
 
 def _qualified(target: Any) -> str:
-    module = getattr(target, "__module__", None)
+    module = module_name(getattr(target, "__module__", None))
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
     if not isinstance(name, str):
         name = type(target).__qualname__
@@ -109,109 +167,73 @@ def reward_target(fn: Any) -> tuple[Any, Any]:
     return target, None
 
 
-def features(fn: Any, display_name: str) -> tuple[str, dict[str, str]]:
-    """``(qualified name, features)`` of a reward: what could tell it apart from a sibling.
+def features(fn: Any) -> tuple[str, dict[str, str]]:
+    """``(qualified name, configuration)`` of a reward: what tells it from another copy of the same code.
 
-    The qualified name is the function's, or the callable instance's class's (module included). The
-    features are its ``__name__``, a ``functools.partial``'s plain arguments (outermost partial first),
-    the values a closure captured (``make_reward(target)``'s inner function) and the plain attributes
-    of a callable instance or of a bound method's object.
+    The qualified name is the function's, or the callable instance's class's (module included, the
+    script's as ``__main__``). The configuration is a ``functools.partial``'s plain arguments (outermost
+    partial first), the values a closure captured (``make_reward(target)``'s inner function) and the
+    public attributes of a callable instance or of a bound method's object, as :func:`config_repr`
+    writes them, less every entry whose name is private or per rank (:func:`_per_rank`).
     """
-    found: dict[str, str] = {"__name__": repr(display_name)}
+    found: dict[str, str] = {}
     inner, layer = fn, 0
     while isinstance(inner, functools.partial):
         for i, a in enumerate(inner.args):
-            found[f"partial{layer}.arg{i}"] = plain_repr(a)
+            found[f"partial{layer}.arg{i}"] = config_repr(a)
         for k, v in inner.keywords.items():
-            found[f"partial{layer}.{k}"] = plain_repr(v)
+            if not _per_rank(k):
+                found[f"partial{layer}.{k}"] = config_repr(v)
         inner, layer = inner.func, layer + 1
     target, configured = reward_target(inner)
     code = getattr(target, "__code__", None)
     cells = getattr(target, "__closure__", None) or ()
     for name, cell in zip(getattr(code, "co_freevars", ()), cells, strict=False):
+        if _per_rank(name):
+            continue
         with contextlib.suppress(ValueError):  # an empty cell
-            found[f"closure.{name}"] = plain_repr(cell.cell_contents)  # a factory's make_reward(target=10)
+            found[f"closure.{name}"] = config_repr(cell.cell_contents)  # a factory's make_reward(target=10)
     if configured is not None:
         found.update(_attributes(configured))
     return _qualified(target), found
 
 
-class _Member:
-    __slots__ = ("__weakref__", "base", "features", "scope")
-
-    def __init__(self, base: str, found: dict[str, str], scope: int) -> None:
-        self.base = base
-        self.features = found
-        self.scope = scope
-
-
-def _scope() -> int:
-    """The simulated rank a reward is decorated on (``run_threads``), else 0: the process.
-
-    Thread-ranks share one process, but each must see only its own siblings (and the process's), as a
-    real rank would: otherwise state that differs between ranks would look like state that differs
-    between siblings.
-    """
-    backend = _context_backend.get()
-    return 0 if backend is None else id(backend)
-
-
 class Identity:
-    """A decorated reward's identity: its qualified name plus the features that tell it from its siblings.
+    """A decorated reward's identity: its qualified name, its configuration, the name it is logged by.
 
-    *Siblings* are the rewards of this process decorated from the same function or class (two
-    ``functools.partial`` of one function, two instances of one class). Only the features whose values
-    differ between siblings enter the identity -- ``target=10`` vs ``target=20`` -- never the ones they
-    share. So state that differs between ranks but not between siblings (a ``device="cuda:1"`` or a
-    ``rank`` attribute every instance on that rank holds) never makes the ranks disagree, while two
-    siblings called in a different order on two ranks do. Every rank that runs the same program
-    decorates the same siblings, so every rank computes the same identity.
+    Made only of what every rank running the same program derives alike from the reward itself
+    (:func:`features`, taken when it is decorated) -- never of what else this process decorated, still
+    holds alive or has collected -- plus the ``__name__`` of the synced wrapper, read at each call
+    (:meth:`named_by`): TRL logs rewards by it, and ``judge.__name__ = "judge_small"`` after decorating
+    tells two otherwise equal judges apart.
     """
 
-    __slots__ = ("_key", "_member", "_version")
+    __slots__ = ("_base", "_key", "_name", "_named", "_short")
 
     def __init__(self, fn: Any, display_name: str) -> None:
-        base, found = features(fn, display_name)
-        scope = _scope()
-        self._member = _Member(base, found, scope)
-        self._key = ""
-        self._version = -1
-        with _lock:
-            siblings = _registry.setdefault((scope, base), weakref.WeakSet())
-            siblings.add(self._member)
-            weakref.finalize(self._member, _bump)
-            _bump()
+        base, found = features(fn)
+        self._base = base + ("[" + ", ".join(f"{k}={v}" for k, v in found.items()) + "]" if found else "")
+        self._short = base.rsplit(".", 1)[-1]  # the name a reward is logged by unless it is renamed
+        self._named: Any = None
+        self._name = display_name
+        self._key = self._compute(display_name)
+
+    def named_by(self, wrapper: Any) -> None:
+        """Read the reward's ``__name__`` from ``wrapper`` (the synced function) at every call."""
+        self._named = wrapper
 
     def key(self) -> str:
-        """The identity as a string (the same on every rank); recomputed when a sibling comes or goes."""
-        if self._version != _version[0]:
-            self._key, self._version = self._compute(), _version[0]
+        """The identity as a string (the same on every rank); recomputed when the wrapper is renamed."""
+        named = self._named
+        if named is not None:
+            name = named.__name__
+            if name is not self._name:
+                self._key, self._name = self._compute(name), name
         return self._key
 
-    def _compute(self) -> str:
-        me = self._member
-        with _lock:
-            scopes = {0, me.scope}
-            others = [m.features for sc in scopes for m in _registry.get((sc, me.base), ()) if m is not me]
-        absent = "<absent>"
-        differing = sorted(
-            name
-            for name in set(me.features).union(*others)
-            if any(o.get(name, absent) != me.features.get(name, absent) for o in others)
-        )
-        text = me.base
-        if differing:
-            text += "[" + ", ".join(f"{k}={me.features.get(k, absent)}" for k in differing) + "]"
+    def _compute(self, name: Any) -> str:
+        text = self._base if name == self._short else f"{self._base} named {plain_repr(name)}"
         return text if len(text) <= MAX_REPR else f"{text[:MAX_REPR]}...<{len(text)} chars>"
-
-
-_lock = threading.Lock()
-_registry: dict[tuple[int, str], weakref.WeakSet[_Member]] = {}  # (scope, qualified name) -> siblings
-_version = [0]  # bumped whenever a reward is decorated or released: identities are recomputed
-
-
-def _bump() -> None:
-    _version[0] += 1
 
 
 # --------------------------------------------------------------------------------------------- call site
@@ -222,27 +244,95 @@ _MACHINERY = tuple(os.path.dirname(m.__file__) + os.sep for m in (asyncio, concu
     (threading.__file__,) if threading.__file__ else ()
 )
 _NO_CALLER = "<an event loop task or a thread pool>"
-_sites: dict[tuple[Any, int], str] = {}
 
 
-def call_site(frame: FrameType | None) -> str:
-    """Where a synced call comes from: ``module:function+line`` of ``frame`` (the caller's frame).
+class Site:
+    """Where a synced call comes from: ``key`` is compared between ranks, ``shown`` is shown to the user.
 
-    The line is counted from the function's first line, and the module is its import name, so ranks
-    whose copies of the code live at different paths agree.
+    ``key`` is path-independent (module import name, qualified name, line relative to the function's first
+    line, the call instruction's offset and, for code that has no file of its own, a digest of the
+    code), so ranks whose copies of the program live at different paths agree; ``shown`` is
+    ``file:line in function`` as this rank sees it.
+    """
+
+    __slots__ = ("key", "shown")
+
+    def __init__(self, key: str, shown: str) -> None:
+        self.key = key
+        self.shown = shown
+
+    def __repr__(self) -> str:
+        return f"Site({self.key!r}, {self.shown!r})"
+
+
+NO_CALLER = Site(_NO_CALLER, _NO_CALLER)
+_sites: dict[tuple[int, int], tuple[Any, Site]] = {}  # (id(code), offset) -> (the code, kept alive; its site)
+
+
+def call_site(frame: FrameType | None) -> Site:
+    """Where a synced call comes from: the :class:`Site` of ``frame`` (the caller's frame).
+
+    Cached per call instruction: reading it costs one dict lookup.
     """
     if frame is None:
-        return _NO_CALLER
+        return NO_CALLER
     code = frame.f_code
-    key = (code, frame.f_lasti)  # the call instruction: cheaper to read than the line number
-    site = _sites.get(key)
-    if site is None:
-        if code.co_filename.startswith(_MACHINERY):
-            site = _NO_CALLER
-        else:
-            module = frame.f_globals.get("__name__", "?")
-            name = getattr(code, "co_qualname", code.co_name)  # co_qualname: Python >= 3.11
-            site = f"{module}:{name}+{(frame.f_lineno or 0) - code.co_firstlineno}"
-        if len(_sites) < 4096:  # bounded: generated code could make endless code objects
-            _sites[key] = site
+    entry = _sites.get((id(code), frame.f_lasti))  # the call instruction: cheaper to read than the line
+    if entry is not None and entry[0] is code:
+        return entry[1]  # type: ignore[no-any-return]
+    site = _site_of(frame) if not code.co_filename.startswith(_MACHINERY) else NO_CALLER
+    if len(_sites) < 4096:  # bounded: generated code could make endless code objects
+        _sites[(id(code), frame.f_lasti)] = (code, site)
     return site
+
+
+def _site_of(frame: FrameType) -> Site:
+    code = frame.f_code
+    module = module_name(frame.f_globals.get("__name__", "?"))
+    name = getattr(code, "co_qualname", code.co_name)  # co_qualname: Python >= 3.11
+    line = frame.f_lineno or 0
+    key = f"{module}:{name}+{line - code.co_firstlineno}@{frame.f_lasti}"
+    if code.co_filename.startswith("<") or name.endswith("<module>") or "<lambda>" in name:
+        # exec'd code (a notebook cell), a module's top level, a lambda: many share one name and first line
+        key += f"#{code_digest(code)}"
+    column = ""
+    positions = getattr(code, "co_positions", None)  # Python >= 3.11
+    if positions is not None:
+        for i, pos in enumerate(positions()):
+            if i == frame.f_lasti // 2:
+                column = f":{pos[2] + 1}" if pos[2] is not None else ""
+                break
+    return Site(key, f"{code.co_filename}:{line}{column} in {name}")
+
+
+def code_digest(code: Any) -> str:
+    """A digest of a code object's compiled content, the same in every process running the same program.
+
+    Built from the bytecode, the names and the constants (nested code objects by their own content), never
+    from ``hash()`` (salted per process), ``marshal`` (which depends on reference counts) or the file path.
+    """
+    h = hashlib.blake2b(digest_size=6)
+    _digest_into(h, code, 0)
+    return h.hexdigest()
+
+
+def _digest_into(h: Any, value: Any, depth: int) -> None:
+    if hasattr(value, "co_code"):
+        h.update(b"C")
+        h.update(value.co_code)
+        for names in (value.co_names, value.co_varnames, value.co_freevars, value.co_cellvars):
+            h.update("\0".join(names).encode("utf-8", "backslashreplace") + b"\1")
+        if depth < 16:
+            for const in value.co_consts:
+                _digest_into(h, const, depth + 1)
+    elif isinstance(value, (tuple, frozenset)):
+        parts = []
+        for v in value if depth < 16 else ():
+            sub = hashlib.blake2b(digest_size=6)
+            _digest_into(sub, v, depth + 1)
+            parts.append(sub.digest())
+        if isinstance(value, frozenset):
+            parts.sort()  # a frozenset's order depends on the process's string hash salt
+        h.update((b"T" if isinstance(value, tuple) else b"F") + b"".join(parts) + b"\2")
+    else:
+        h.update(f"{type(value).__name__}:{value!r}".encode("utf-8", "backslashreplace") + b"\3")

@@ -34,11 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import weakref
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from ._errors import MismatchError
+from ._identity import NO_CALLER, Site
 from ._modes._base import Call, Inputs, Payload, Scoring, Spec
 from ._outcome import Error, Outcome, Value, capture, settle
 from ._session import call_words, live_sessions, reason_of, session_for, stuck_error
@@ -108,13 +111,20 @@ def _sequence(call: Call, own: Outcome[Payload]) -> _Sequence:
 
 
 def _open(
-    spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str, is_async: bool
+    spec: Spec,
+    backend: Backend,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    site: Site,
+    is_async: bool,
+    task: tuple[Any, str, Any, Any] | None = None,
 ) -> tuple[Call, _Sequence]:
     session = session_for(backend, spec.name)
-    seq, problem = session.open(is_async)
+    seq, problem = session.open(is_async, task)
     try:
         call, own = Call.open(spec, session, seq, site, args, kwargs, problem)
     except BaseException:  # KeyboardInterrupt while binding: the sequence number is taken, so finish the call
+        session.finish(seq)
         unbound = Call.unbound(spec, session, seq, site)
         interrupted = KeyboardInterrupt("synced call interrupted while preparing")
         _abandon(unbound, _sequence(unbound, Error(interrupted)), None, interrupted)
@@ -149,7 +159,7 @@ async def _score_async(fn: Callable[..., Awaitable[Any]], request: _Score) -> Ou
         return Error(e)
 
 
-def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
+def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site) -> Any:
     """Make one synced call of a plain function (called from ``site``) and return this rank's results."""
     call, sequence = _open(spec, backend, args, kwargs, site, is_async=False)
     session, seq, name = call.session, call.seq, spec.name
@@ -168,9 +178,40 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
     return outcome.unwrap()
 
 
-async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: str) -> Any:
-    """Make one synced call of an ``async`` function (from ``site``); its exchanges never block the event loop."""
-    call, sequence = _open(spec, backend, args, kwargs, site, is_async=True)
+async def call_async(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site) -> Any:
+    """Make one synced call of an ``async`` function (from ``site``); its exchanges never block the event loop.
+
+    The session learns which task makes the call from which coroutine, and in which turn of the event loop
+    (``Session.open``): a call whose order with another call of the same place depends on timing raises
+    ``MismatchError``. A task that runs the synced coroutine itself (``NO_CALLER``) starts the call in its
+    first step, in the order the tasks were created: nothing can have been awaited before it.
+    """
+    task = None
+    if site is not NO_CALLER:
+        task = (spec, site.key, asyncio.current_task(), _turn(asyncio.get_running_loop()))
+    call, sequence = _open(spec, backend, args, kwargs, site, True, task)
+    try:
+        value = await _steps_async(spec, call, sequence)
+    finally:
+        untold = call.session.finish(call.seq)
+    if untold is not None:  # a later call of the same place showed that this one's order was timing's
+        raise MismatchError(untold)
+    return value
+
+
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, object] = weakref.WeakKeyDictionary()
+
+
+def _turn(loop: asyncio.AbstractEventLoop) -> object:
+    """A token of the event loop's current turn (its run of ready callbacks): tasks started in it share it."""
+    turn = _turns.get(loop)
+    if turn is None:
+        turn = _turns[loop] = object()
+        loop.call_soon(_turns.pop, loop, None)  # runs in the loop's next turn
+    return turn
+
+
+async def _steps_async(spec: Spec, call: Call, sequence: _Sequence) -> Any:
     session, seq, name = call.session, call.seq, spec.name
     fn: Callable[..., Awaitable[Any]] = spec.fn
     got: Outcome[Any]

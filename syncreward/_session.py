@@ -267,6 +267,10 @@ class Session:
         self._seq = 0
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[int, bool]] = {}  # seq -> (thread id, async)
+        self._tasks: dict[
+            int, tuple[Any, str, Any, Any]
+        ] = {}  # unfinished async calls: seq -> (spec, site, task, turn)
+        self._untold: dict[int, str] = {}  # unfinished async calls found ambiguous by a later call: seq -> why
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -281,16 +285,37 @@ class Session:
         if self.latch.reason is not None:
             raise self.latch.error(f"a synced call of {function!r}")
 
-    def open(self, is_async: bool) -> tuple[int, str | None]:
-        """Take the next sequence number; say why this call cannot be ordered safely, if it cannot."""
+    def open(self, is_async: bool, task: tuple[Any, str, Any, Any] | None = None) -> tuple[int, str | None]:
+        """Take the next sequence number; say why this call cannot be ordered safely, if it cannot.
+
+        ``task`` is an async call's ``(spec, site, task, turn)``: what it calls (the reward's spec, whose
+        ``key`` is its identity) from where (the call site's key), the asyncio task it runs in and the event
+        loop's turn it starts in. Two unfinished calls of one reward from one place, by two tasks that did
+        not start them in one turn, started in an order that depends on timing, not on the program: the
+        later call fails (on every rank) and the earlier one, once its exchanges are done, raises too
+        (:meth:`finish`).
+        """
         me = threading.get_ident()
         with self._lock:
             seq = self._seq
             self._seq += 1
             others = list(self._in_flight.values())
             self._in_flight[seq] = (me, is_async)
+            twins = []
+            if task is not None:
+                spec, site, owner, turn = task
+                twins = [
+                    s
+                    for s, (sp, si, o, t) in self._tasks.items()
+                    if o is not owner and t is not turn and si == site and (sp is spec or sp.key == spec.key)
+                ]
+                self._tasks[seq] = task
+                for s in twins:
+                    self._untold.setdefault(s, _UNTOLD)
         problem = None
-        if any(tid != me for tid, _ in others):
+        if twins:
+            problem = _UNTOLD
+        elif any(tid != me for tid, _ in others):
             problem = (
                 "synced calls were made from two threads at once on this rank; their order, which pairs them "
                 "with the other ranks' calls, is then not the same on every rank. HINT: make synced calls from one "
@@ -315,6 +340,12 @@ class Session:
         """The call no longer belongs to its thread (done, or finishing in the background)."""
         with self._lock:
             self._in_flight.pop(seq, None)
+
+    def finish(self, seq: int) -> str | None:
+        """An async call is over; why it cannot be trusted, if a later call found its order ambiguous."""
+        with self._lock:
+            self._tasks.pop(seq, None)
+            return self._untold.pop(seq, None)
 
     def break_(self, reason: str) -> None:
         """Break the latch (first reason wins) and fail every waiting step."""
@@ -382,6 +413,15 @@ class Session:
     def skip(self, channel: int, seq: int) -> None:
         """Give up ``seq``'s turn on ``channel`` without exchanging (every rank skips the same turns)."""
         self.turns[channel].submit(seq, _nothing, "")
+
+
+_UNTOLD = (
+    "two calls of this synced reward from the same place were unfinished at once on this rank, started by two "
+    "asyncio tasks in different turns of the event loop: their order, which pairs them with the other ranks' "
+    "calls, then depends on timing (a rate limiter, a semaphore, a network wait before the call), not on the "
+    "program, so their batches may not be combined. HINT: call the synced reward once with the whole batch and "
+    "split or rate-limit inside it, or await such calls one after another"
+)
 
 
 def _nothing() -> Value[None]:

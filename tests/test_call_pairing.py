@@ -9,6 +9,7 @@ keyword) tells them apart: the first mismatched pairing raises MismatchError on 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from _helpers import outcome
 
 from syncreward import synced_reward
-from syncreward.testing import run_threads
+from syncreward.testing import run_ranks, run_threads
 
 
 @dataclass
@@ -62,3 +63,74 @@ def test_extra_call_on_one_rank_raises_mismatch(how: str) -> None:
                 f"rank {rank}: the mismatched pairing (step 1 eval on rank 0, step 2 on rank 1) gave {kind} {info!r}"
             )
     assert not problems, f"step passed as {how}:\n" + "\n".join(problems)
+
+
+# --------------------------------------------------------------------------------------------- concurrent calls
+
+
+async def _joined(completions: Any, **kwargs: Any) -> list[str]:
+    await asyncio.sleep(1.0)  # rank 0 scores for a while: every rank's first call is still unfinished
+    return ["+".join(completions)] * len(completions)
+
+
+_CHUNKED = synced_reward(timeout=60)(_joined)
+RUNNERS = ["threads", pytest.param("gloo", marks=pytest.mark.multiprocess)]
+
+
+def _run(runner: str, body: Any) -> list[Any]:
+    if runner == "threads":
+        return run_threads(body, 2, timeout=90)
+    return run_ranks(body, 2, timeout=180)
+
+
+def _described(got: list[Any]) -> list[Any]:
+    return [type(g).__name__ if isinstance(g, BaseException) else ("ok", g) for g in got]
+
+
+async def _rate_limited_chunks_body(rank: int, world_size: int) -> list[Any]:
+    """One reward over two chunks with asyncio.gather, each behind a limiter that lets them through in another
+    order on each rank (rank 0: chunk A first; rank 1: chunk B first)."""
+    chunks = {"A": [f"A{rank}"], "B": [f"B{rank}"]}
+    first = "A" if rank == 0 else "B"
+
+    async def limited(name: str) -> Any:
+        await asyncio.sleep(0 if name == first else 0.3)
+        return await _CHUNKED(completions=chunks[name])
+
+    return _described(await asyncio.gather(limited("A"), limited("B"), return_exceptions=True))
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_concurrent_calls_of_one_reward_in_a_timing_dependent_order_raise_on_every_rank(runner: str) -> None:
+    results = _run(runner, _rate_limited_chunks_body)
+    assert results == [["MismatchError", "MismatchError"]] * 2, results
+
+
+async def _trl_like_body(rank: int, world_size: int) -> list[Any]:
+    """TRL gathers its async rewards, each called at once by a small coroutine: one reward listed twice too."""
+
+    async def invoke(name: str) -> Any:
+        return await _CHUNKED(completions=[f"{name}{rank}"])
+
+    return _described(await asyncio.gather(invoke("A"), invoke("B"), return_exceptions=True))
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_concurrent_calls_of_one_reward_started_in_one_loop_turn_pair_in_program_order(runner: str) -> None:
+    results = _run(runner, _trl_like_body)
+    assert results == [[("ok", ["A0+A1"]), ("ok", ["B0+B1"])]] * 2, results
+
+
+async def _created_one_per_turn_body(rank: int, world_size: int) -> list[Any]:
+    """Tasks that run the synced coroutine themselves start it first thing, in the order they were created."""
+    tasks = []
+    for name in "AB":
+        tasks.append(asyncio.ensure_future(_CHUNKED(completions=[f"{name}{rank}"])))
+        await asyncio.sleep(0.05)  # the next task is created in a later turn of the event loop
+    return _described(await asyncio.gather(*tasks, return_exceptions=True))
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_concurrent_tasks_that_run_the_synced_coroutine_itself_pair_in_creation_order(runner: str) -> None:
+    results = _run(runner, _created_one_per_turn_body)
+    assert results == [[("ok", ["A0+A1"]), ("ok", ["B0+B1"])]] * 2, results

@@ -35,7 +35,7 @@ from .._binding import Binder, Bound
 from .._codec import C_TENSOR, CONTAINERS, decode_frame, encode_frame
 from .._errors import CodecError, MismatchError
 from .._exchange import SITE, Inbound, exchange_inbound
-from .._identity import Identity
+from .._identity import Identity, Site
 from .._logs import Logs
 from .._options import Options
 from .._outcome import Error, Outcome, Value
@@ -53,7 +53,7 @@ class Spec:
 
     fn: Callable[..., Any]
     name: str
-    identity: Identity  # what tells this reward from its siblings (``_identity``), the same on every rank
+    identity: Identity  # the reward's name, configuration and ``__name__`` (``_identity``), alike on every rank
     options: Options
     binder: Binder
     impl: Mode[Any]  # the mode object that runs the calls (a reward group's members share one)
@@ -87,7 +87,7 @@ class Call:
     spec: Spec
     session: Session
     seq: int
-    site: str  # where the call comes from (``_identity.call_site``): part of the fingerprint
+    site: Site  # where the call comes from (``_identity.call_site``): its ``key`` is part of the fingerprint
     bound: Bound | None  # None: binding the arguments failed
     fp: int
     description: str
@@ -98,7 +98,7 @@ class Call:
         spec: Spec,
         session: Session,
         seq: int,
-        site: str,
+        site: Site,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         problem: str | None,
@@ -117,17 +117,19 @@ class Call:
             return call, Error(e)
 
     @classmethod
-    def unbound(cls, spec: Spec, session: Session, seq: int, site: str) -> Call:
+    def unbound(cls, spec: Spec, session: Session, seq: int, site: Site) -> Call:
         """A call whose arguments could not be bound (it can only fail, on every rank)."""
         return cls._of(spec, session, seq, site, None)
 
     @classmethod
-    def _of(cls, spec: Spec, session: Session, seq: int, site: str, bound: Bound | None) -> Call:
+    def _of(cls, spec: Spec, session: Session, seq: int, site: Site, bound: Bound | None) -> Call:
         cols = ", ".join(f"{c.name}:{CONTAINERS[c.container]}" for c in bound.columns) if bound else "?"
-        schema = f"{spec.key} per-sample columns [{cols}]{SITE}{site}"
+        schema = f"{spec.key} per-sample columns [{cols}]{SITE}"
         step = bound.step if bound is not None else NO_STEP
         at = f" at step {step}" if step != NO_STEP else ""
-        return cls(spec, session, seq, site, bound, fingerprint(schema), f"call #{seq}{at}: {schema}")
+        # the path-independent site is compared; the user's file and line are shown (they may differ per rank)
+        fp = fingerprint(schema + site.key)
+        return cls(spec, session, seq, site, bound, fp, f"call #{seq}{at}: {schema}{site.shown}")
 
     @property
     def rank(self) -> int:
