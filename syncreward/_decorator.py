@@ -259,7 +259,7 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options) -> Any:
         return type(func)(wrap(func.__func__, impl, options))
     backend, process_group, group_by = options.backend, options.process_group, options.group_by
     include, exclude, shared = options.include, options.exclude, options.shared
-    binder = Binder(func, include=include, exclude=exclude, shared=shared)
+    binder = Binder(func, include=include, exclude=exclude, shared=shared, function=_stable_name(func))
     if group_by is not None and group_by in binder.shared:
         raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
     display = _display_name(func)

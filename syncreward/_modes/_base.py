@@ -34,13 +34,13 @@ from .._batch import concat
 from .._binding import Binder, Bound
 from .._codec import C_TENSOR, CONTAINERS, decode_frame, encode_frame
 from .._errors import CodecError, MismatchError
-from .._exchange import SITE, Inbound, exchange_inbound
+from .._exchange import SITE, Inbound, disagreement, exchange_inbound
 from .._identity import Identity
 from .._logs import Logs
 from .._options import Options
 from .._outcome import Error, Outcome, Value
 from .._session import Session
-from .._wire import FAILED, NO_STEP, OK, CallCheck, drop_mask, error_blob, fingerprint, pack_header
+from .._wire import FAILED, NO_STEP, OK, CallCheck, SharedValues, drop_mask, error_blob, fingerprint, pack_header
 
 __all__ = ["Call", "GatherMode", "GatherScoring", "Mode", "Payload", "Scoring", "Spec"]
 
@@ -91,6 +91,7 @@ class Call:
     bound: Bound | None  # None: binding the arguments failed
     fp: int
     description: str
+    shared: SharedValues  # the shared arguments every rank must pass alike (their digest is in the header)
 
     @classmethod
     def open(
@@ -127,7 +128,9 @@ class Call:
         schema = f"{spec.key} per-sample columns [{cols}]{SITE}{site}"
         step = bound.step if bound is not None else NO_STEP
         at = f" at step {step}" if step != NO_STEP else ""
-        return cls(spec, session, seq, site, bound, fingerprint(schema), f"call #{seq}{at}: {schema}")
+        unchecked = spec.binder.unchecked
+        shared = SharedValues({k: v for k, v in bound.shared.items() if k not in unchecked} if bound else {})
+        return cls(spec, session, seq, site, bound, fingerprint(schema), f"call #{seq}{at}: {schema}", shared)
 
     @property
     def rank(self) -> int:
@@ -155,7 +158,14 @@ class Call:
 
     def check(self) -> CallCheck:
         """What this rank says of this call where no inbound header checked it."""
-        return CallCheck(self.fp, self.seq, self.step, len(self.description.encode("utf-8", "backslashreplace")))
+        desc = len(self.description.encode("utf-8", "backslashreplace"))
+        return CallCheck(self.fp, self.seq, self.step, self.shared.digest, desc)
+
+    def disagreement(self, checks: Sequence[CallCheck], channel: int) -> Error | None:
+        """Whether the ranks' check records (``checks``, in rank order) name this call (``_exchange.disagreement``)."""
+        return disagreement(
+            self.session, checks, self.description, channel, self.timeout, shared=self.shared, function=self.spec.name
+        )
 
     def encode(self) -> Payload:
         """Encode every column (``**kwargs`` columns that hold non-plain data are left behind, not refused)."""
@@ -197,6 +207,7 @@ class Call:
             droppable=self.droppable,
             timeout=self.timeout,
             function=self.spec.name,
+            shared=self.shared,
         )
 
     def header(self, ok: bool, size: int, aux: int, dropped: Sequence[str]) -> bytes:
@@ -211,6 +222,7 @@ class Call:
             desc=len(self.description.encode("utf-8", "backslashreplace")),
             aux=aux,
             mask=drop_mask(self.names, dropped),
+            shared=self.shared.digest,
         )
 
     def merge(

@@ -63,5 +63,6 @@ class ReplicateMode(GatherMode):
             call.spec.name,
             check=call.check(),
             description=call.description,
+            shared=call.shared,
         )
         return done if isinstance(done, Error) else Value(own)
