@@ -230,3 +230,18 @@ def test_group_stays_usable_after_a_shared_argument_mismatch(
     double, results = outcomes
     got = [r[f"{mode}/usable_after"] for r in results]
     assert got == [("ok", part) for part in _expected(scaled, threshold=2.0)], (double, got)
+
+
+@pytest.mark.multiprocess
+def test_troubleshooting_quotes_the_shared_argument_mismatch_as_raised(
+    outcomes: tuple[str, list[dict[str, tuple[str, Any]]]],
+) -> None:
+    import re
+    from pathlib import Path
+
+    _, results = outcomes
+    raised = results[0]["main/scalar"][1].replace("'scaled'", "'f'")
+    page = (Path(__file__).parent.parent / "docs" / "troubleshooting.md").read_text()
+    quoted = page.split("```text\nMismatchError: ", 1)[1].split("```", 1)[0]
+    assert " ".join(quoted.split()) == " ".join(raised.split())
+    assert re.search(r"### `MismatchError: ranks called synced function 'f' with different values of the shared", page)

@@ -45,6 +45,7 @@ from .._wire import FAILED, NO_STEP, OK, CallCheck, SharedValues, drop_mask, err
 __all__ = ["Call", "GatherMode", "GatherScoring", "Mode", "Payload", "Scoring", "Spec"]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]  # the positional and keyword arguments the function is scored with
+_NOTHING_SHARED = SharedValues({})  # a call without shared arguments to check (TRL's: only trainer_state and logs)
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ class Call:
         step = bound.step if bound is not None else NO_STEP
         at = f" at step {step}" if step != NO_STEP else ""
         unchecked = spec.binder.unchecked
-        shared = SharedValues({k: v for k, v in bound.shared.items() if k not in unchecked} if bound else {})
+        checked = {k: v for k, v in bound.shared.items() if k not in unchecked} if bound is not None else None
+        shared = SharedValues(checked) if checked else _NOTHING_SHARED
         return cls(spec, session, seq, site, bound, fingerprint(schema), f"call #{seq}{at}: {schema}", shared)
 
     @property
