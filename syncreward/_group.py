@@ -129,6 +129,7 @@ class GroupMode(Mode[GatherScoring]):
         self.base = base
         self.group = group
         self.name = base.name
+        self.shares_arguments = base.shares_arguments
 
     def check(self, options: Options) -> None:
         self.base.check(options)

@@ -1,10 +1,12 @@
 """What ranks share is checked: a shared argument that differs between ranks, or that is no value at all.
 
-A shared argument (anything that is not a per-sample column) is one value for the whole batch, and the
-batch is scored with one rank's value (in ``mode="main"`` rank 0's). Ranks that pass different plain
-values must raise on every rank, naming the argument and the reward, instead of scoring every rank's
-samples with rank 0's argument; values that cannot be compared alike (objects, TRL's ``trainer_state``
-and callables) or that differ on purpose (``exclude=``) are not checked. An iterator, a set or a dict
+A shared argument (anything that is not a per-sample column) is one value for the whole batch, and
+in ``mode="main"`` and ``"shard"`` the batch is scored with one rank's value (in ``main`` rank 0's).
+Ranks that pass different plain values must raise on every rank, naming the argument and the reward,
+instead of scoring every rank's samples with rank 0's argument; values that cannot be compared alike
+(objects, TRL's ``trainer_state`` and callables) or that differ on purpose (``exclude=``) are not
+checked. In ``mode="replicate"`` every rank scores with its own values and keeps its own samples'
+results: nothing is compared, and each rank's results are those of its own arguments. An iterator, a set or a dict
 view is neither a column nor a value: it is refused, with a hint to pass a list.
 
 Every case runs under the thread double (``run_threads``) and on real gloo ranks (``run_ranks``), and
@@ -26,6 +28,7 @@ from syncreward.testing import run_ranks, run_threads
 WORLD = 2
 TIMEOUT = 60  # per call: a hang detector, not a speed test
 MODES = ("main", "replicate", "shard")
+SHARING = ("main", "shard")  # the modes in which one rank's shared arguments score other ranks' samples
 
 
 @dataclass
@@ -153,7 +156,7 @@ def _mismatch_on_every_rank(got: list[tuple[str, Any]]) -> list[str]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", SHARING)
 @pytest.mark.parametrize("case", sorted(DIFFERS))
 def test_shared_argument_that_differs_between_ranks_raises_on_every_rank(
     outcomes: tuple[str, list[dict[str, tuple[str, Any]]]], mode: str, case: str
@@ -175,13 +178,37 @@ def test_shared_argument_that_differs_between_ranks_raises_on_every_rank(
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("mode", ["main", "replicate"])
 def test_shared_argument_that_differs_in_a_reward_groups_hit_raises_on_every_rank(
-    outcomes: tuple[str, list[dict[str, tuple[str, Any]]]], mode: str
+    outcomes: tuple[str, list[dict[str, tuple[str, Any]]]],
 ) -> None:
     double, results = outcomes
-    (message,) = set(_mismatch_on_every_rank([r[f"{mode}/group_hit"] for r in results]))
+    (message,) = set(_mismatch_on_every_rank([r["main/group_hit"] for r in results]))
     assert "synced function 'lengths' with different values of the shared argument(s) 'threshold'" in message, double
+
+
+# rank -> (threshold, weights) each DIFFERS case passes on that rank (scaled's defaults where it passes none)
+OWN = {
+    "scalar": lambda rank: (0.5 + rank, (1.0,)),
+    "float_bits": lambda rank: (0.1 + 0.2 if rank == 0 else 0.3, (1.0,)),
+    "shared_list": lambda rank: (0.5, [1.0, 2.0 + rank]),
+    "kwargs_scalar": lambda rank: (0.5, (1.0,)),
+    "passed_on_one_rank": lambda rank: (0.7 if rank == 0 else 0.5, (1.0,)),
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", sorted(DIFFERS))
+def test_replicate_scores_each_ranks_samples_with_its_own_shared_arguments(
+    outcomes: tuple[str, list[dict[str, tuple[str, Any]]]], case: str
+) -> None:
+    double, results = outcomes
+    for rank, r in enumerate(results):
+        threshold, weights = OWN[case](rank)
+        want = [len(c) * threshold * sum(weights) for c in _completions(rank)]
+        assert r[f"replicate/{case}"] == ("ok", want), (double, rank)
+    assert [r["replicate/group_hit"] for r in results] == [
+        ("ok", [float(len(c)) for c in _completions(rank)]) for rank in range(WORLD)
+    ], double
 
 
 @pytest.mark.multiprocess

@@ -93,6 +93,7 @@ class Call:
     fp: int
     description: str
     shared: SharedValues  # the shared arguments every rank must pass alike (their digest is in the header)
+    # (none in a mode where every rank scores with its own: ``Mode.shares_arguments``)
 
     @classmethod
     def open(
@@ -129,8 +130,10 @@ class Call:
         schema = f"{spec.key} per-sample columns [{cols}]{SITE}{site}"
         step = bound.step if bound is not None else NO_STEP
         at = f" at step {step}" if step != NO_STEP else ""
-        unchecked = spec.binder.unchecked
-        checked = {k: v for k, v in bound.shared.items() if k not in unchecked} if bound is not None else None
+        checked = None
+        if bound is not None and spec.impl.shares_arguments:
+            unchecked = spec.binder.unchecked
+            checked = {k: v for k, v in bound.shared.items() if k not in unchecked}
         shared = SharedValues(checked) if checked else _NOTHING_SHARED
         return cls(spec, session, seq, site, bound, fingerprint(schema), f"call #{seq}{at}: {schema}", shared)
 
@@ -310,6 +313,9 @@ class Mode(Generic[S]):
 
     name = ""
     own_options: frozenset[str] = frozenset()  # options only this mode takes (others refuse them)
+    # whether one rank's shared arguments score other ranks' samples, so every rank must pass the same ones
+    # (checked in the call's header: ``Call.shared``)
+    shares_arguments = True
 
     def check(self, options: Options) -> None:
         """Raise ``ValueError`` for options this mode cannot run with (at decoration time)."""
