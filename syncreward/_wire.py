@@ -28,6 +28,7 @@ The header every rank sends every other rank at the start of a call (int64 words
 
 from __future__ import annotations
 
+import array
 import hashlib
 import struct
 import traceback
@@ -284,7 +285,10 @@ MAX_SHARED_BYTES = 64 << 10  # ... nor one whose canonical bytes are longer (a h
 MAX_REPORT_NAMES = 256  # a disagreement report lists at most this many arguments
 _SHORT = 60  # characters of a value's repr shown in the disagreement message
 _LEN = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
 _NOT_CHECKED = b"?"  # an argument present, but not plain: its presence counts, not its value
+_FLAT = frozenset({type(None), bool, int, float, str, bytes})  # exact types whose repr is their exact value
+_FLOATS = frozenset({float})
 
 
 def shared_key(value: Any) -> bytes | None:
@@ -293,9 +297,10 @@ def shared_key(value: Any) -> bytes | None:
     Plain: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes`` (exact types, not subclasses), numpy
     scalars of numbers, bytes or str, and lists, tuples and dicts of plain values, with at most
     ``MAX_SHARED_ITEMS`` elements and ``MAX_SHARED_BYTES`` bytes in all. Equal values give equal bytes on
-    every rank: a float is its exact ``repr`` (``-0.0`` and ``0.0`` differ, every ``nan`` is one), a
-    list differs from a tuple (the function sees which), and a dict's entries are taken in key order
-    (insertion order is not part of its value).
+    every rank: a float is its exact value (its 8 bytes, or its ``repr`` -- exact -- in a list of mixed
+    scalars; ``-0.0`` and ``0.0`` differ), a list differs from a tuple (the function sees which), and a
+    dict's entries are taken in key order (insertion order is not part of its value). Which encoding a
+    value gets depends only on its types, so equal values on two ranks always get the same one.
     """
     out = bytearray()
     return bytes(out) if _put(value, out, [MAX_SHARED_ITEMS], 0) and len(out) <= MAX_SHARED_BYTES else None
@@ -314,14 +319,25 @@ def _put(v: Any, out: bytearray, left: list[int], depth: int) -> bool:
         raw = v.to_bytes(v.bit_length() // 8 + 1, "little", signed=True)
         out += b"i" + _LEN.pack(len(raw)) + raw
     elif t is float:
-        raw = repr(v).encode()
-        out += b"f" + _LEN.pack(len(raw)) + raw
+        out += b"f" + _F64.pack(v)
     elif t is str:
         raw = v.encode("utf-8", "surrogatepass")
         out += b"s" + _LEN.pack(len(raw)) + raw
     elif t is bytes:
         out += b"b" + _LEN.pack(len(v)) + v
     elif t is list or t is tuple:
+        left[0] -= len(v)
+        if left[0] < 0:
+            return False
+        types = set(map(type, v))
+        if types <= _FLAT:  # the common shapes (a list of weights, of labels): one pass in C
+            try:
+                raw = array.array("d", v).tobytes() if types == _FLOATS else repr(v).encode("utf-8", "surrogatepass")
+            except ValueError:  # an int past str()'s digit limit
+                return False
+            out += (b"D" if types == _FLOATS else b"R") + (b"l" if t is list else b"t") + _LEN.pack(len(raw)) + raw
+            return True
+        left[0] += len(v)  # counted again one by one
         out += (b"l" if t is list else b"t") + _LEN.pack(len(v))
         return all(_put(x, out, left, depth + 1) for x in v)
     elif t is dict:

@@ -283,6 +283,11 @@ def test_error_blob_survives_a_failing_str_and_lone_surrogates() -> None:
         (np.float32(0.5), 0.5),
         (None, 0),
         ([[1], 2], [1, [2]]),
+        ([0.0], [-0.0]),
+        ([1.0, 2.0], [1, 2]),
+        ([1.0, 2.0], (1.0, 2.0)),
+        (["a", "b"], ["a, b"]),
+        ([0.1 + 0.2, 1], [0.3, 1]),
     ],
 )
 def test_shared_keys_of_different_plain_values_differ(a: object, b: object) -> None:
@@ -296,12 +301,15 @@ def test_shared_keys_of_different_plain_values_differ(a: object, b: object) -> N
     "make",
     [
         lambda: 0.30000000000000004,
-        lambda: float("nan"),  # every nan is one value: nothing differs between ranks that both pass nan
+        lambda: float("nan"),  # the same program's nan is the same on every rank
         lambda: {"b": [1, 2.5], "a": None},
         lambda: 10**400,  # big ints too (past str()'s digit limit)
         lambda: "ünïcode \udcff",  # lone surrogates too
         lambda: np.int64(3),
         lambda: (b"raw", [True, False]),
+        lambda: [0.5, -0.0, 1e300],  # a list of floats: their bytes
+        lambda: [0.5, 1, "x", None],  # a list of mixed scalars: its repr
+        lambda: ([0.5], {"k": (1.5, "s")}),
     ],
 )
 def test_shared_keys_of_equal_plain_values_are_equal(make: object) -> None:
