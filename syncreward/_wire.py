@@ -303,7 +303,11 @@ def shared_key(value: Any) -> bytes | None:
     value gets depends only on its types, so equal values on two ranks always get the same one.
     """
     out = bytearray()
-    return bytes(out) if _put(value, out, [MAX_SHARED_ITEMS], 0) and len(out) <= MAX_SHARED_BYTES else None
+    try:
+        plain = _put(value, out, [MAX_SHARED_ITEMS], 0)
+    except Exception:  # never seen; a value that cannot be read is not checked rather than fail the call
+        return None
+    return bytes(out) if plain and len(out) <= MAX_SHARED_BYTES else None
 
 
 def _put(v: Any, out: bytearray, left: list[int], depth: int) -> bool:
@@ -362,7 +366,10 @@ def _short(value: Any, key: bytes | None) -> str:
     """How the disagreement message shows a value: its repr (plain values only), cut to ``_SHORT`` characters."""
     if key is None:
         return f"<{type(value).__name__}: not checked>"
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past repr()'s digit limit
+        return f"<{type(value).__name__} of {len(key)} bytes>"
     return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
 
 

@@ -135,6 +135,7 @@ class Call:
             unchecked = spec.binder.unchecked
             checked = {k: v for k, v in bound.shared.items() if k not in unchecked}
         shared = SharedValues(checked) if checked else _NOTHING_SHARED
+        shared.digest  # hashed here, on the caller's thread, not in the call's turn  # noqa: B018
         return cls(spec, session, seq, site, bound, fingerprint(schema), f"call #{seq}{at}: {schema}", shared)
 
     @property
