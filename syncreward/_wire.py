@@ -289,6 +289,8 @@ _F64 = struct.Struct("<d")
 _NOT_CHECKED = b"?"  # an argument present, but not plain: its presence counts, not its value
 _FLAT = frozenset({type(None), bool, int, float, str, bytes})  # exact types whose repr is their exact value
 _FLOATS = frozenset({float})
+_STR = frozenset({str})
+_REPR_SCALARS = _FLAT - {int}  # an int may be past repr()'s digit limit: it goes by its bytes
 
 
 def shared_key(value: Any) -> bytes | None:
@@ -303,16 +305,32 @@ def shared_key(value: Any) -> bytes | None:
     value gets depends only on its types, so equal values on two ranks always get the same one.
     """
     out = bytearray()
+    return bytes(out) if _append_key(value, out) else None
+
+
+def _append_key(value: Any, out: bytearray) -> bool:
+    """Append :func:`shared_key` of ``value`` to ``out``; ``False`` (and ``out`` as it was) if it has none."""
+    start = len(out)
+    if type(value) in _REPR_SCALARS:  # the common shape (a threshold, a name): its repr, exact for these
+        raw = repr(value).encode("utf-8", "surrogatepass")
+        if len(raw) > MAX_SHARED_BYTES:
+            return False
+        out += b"r" + _LEN.pack(len(raw)) + raw
+        return True
     try:
-        plain = _put(value, out, [MAX_SHARED_ITEMS], 0)
+        plain = _put(value, out, [MAX_SHARED_ITEMS, start + MAX_SHARED_BYTES], 0)
     except Exception:  # never seen; a value that cannot be read is not checked rather than fail the call
-        return None
-    return bytes(out) if plain and len(out) <= MAX_SHARED_BYTES else None
+        plain = False
+    if plain and len(out) <= start + MAX_SHARED_BYTES:
+        return True
+    del out[start:]
+    return False
 
 
 def _put(v: Any, out: bytearray, left: list[int], depth: int) -> bool:
+    """Append ``v``'s canonical bytes; ``left``: [elements left, where ``out`` must end at most]."""
     left[0] -= 1
-    if left[0] < 0 or depth > 32 or len(out) > MAX_SHARED_BYTES:
+    if left[0] < 0 or depth > 32 or len(out) > left[1]:
         return False
     t = type(v)
     if v is None:
@@ -345,6 +363,17 @@ def _put(v: Any, out: bytearray, left: list[int], depth: int) -> bool:
         out += (b"l" if t is list else b"t") + _LEN.pack(len(v))
         return all(_put(x, out, left, depth + 1) for x in v)
     elif t is dict:
+        if set(map(type, v)) <= _STR:  # the common shape (a config): keys in sorted order
+            left[0] -= 2 * len(v)
+            if left[0] < 0:
+                return False
+            if set(map(type, v.values())) <= _FLAT:  # ... of scalars: one repr, in C
+                raw = repr(sorted(v.items())).encode("utf-8", "surrogatepass")
+                out += b"E" + _LEN.pack(len(raw)) + raw
+                return True
+            left[0] += 2 * len(v)  # counted again one by one
+            out += b"e" + _LEN.pack(len(v))
+            return all(_put(k, out, left, depth + 1) and _put(v[k], out, left, depth + 1) for k in sorted(v))
         entries = []
         for k, x in v.items():
             key, item = bytearray(), bytearray()
@@ -352,7 +381,7 @@ def _put(v: Any, out: bytearray, left: list[int], depth: int) -> bool:
                 return False
             entries.append((bytes(key), bytes(item)))
         out += b"d" + _LEN.pack(len(entries))
-        for pair in sorted(entries):
+        for pair in sorted(entries):  # in the order of their bytes: any keys, the same order on every rank
             out += pair[0] + pair[1]
     elif isinstance(v, np.generic) and v.dtype.kind in "biufcSU":
         code = v.dtype.str.encode()
@@ -373,50 +402,49 @@ def _short(value: Any, key: bytes | None) -> str:
     return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
 
 
-@dataclass(frozen=True)
+def fingerprint_bytes(data: bytes) -> int:
+    """A signed 64-bit hash of ``data``, identical on every rank."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def _digest(values: Mapping[str, Any]) -> int:
+    """One hash of every name with its value's key (or, for a value that has none, its presence)."""
+    if not values:
+        return NO_SHARED
+    out = bytearray()
+    for name in sorted(values):
+        raw = name.encode("utf-8", "surrogatepass")
+        out += _LEN.pack(len(raw)) + raw
+        if not _append_key(values[name], out):
+            out += _NOT_CHECKED
+    return fingerprint_bytes(bytes(out)) or 1
+
+
 class SharedValues:
     """The shared arguments of one call that every rank must pass alike, by name.
 
     ``values`` leaves out what is never checked (TRL's ``trainer_state``, ``log_extra``, ``log_metric``
     and ``exclude=``d names: ``_binding``); of the rest, a value that is not plain (:func:`shared_key`)
-    counts by its presence only. :attr:`digest` goes in the call's header (and check record);
-    :meth:`report` is what a rank tells the others when the digests differ.
+    counts by its presence only. :attr:`digest` (computed when it is made: on the caller's thread) goes
+    in the call's header and check record; :meth:`report` is what a rank tells the others when the
+    digests differ.
     """
 
-    values: Mapping[str, Any]
+    __slots__ = ("digest", "values")
 
-    @cached_property
-    def keys(self) -> dict[str, bytes | None]:
-        return {name: shared_key(v) for name, v in self.values.items()}
-
-    @cached_property
-    def digest(self) -> int:
-        if not self.values:
-            return NO_SHARED
-        h = hashlib.blake2b(digest_size=8)
-        for name in sorted(self.keys):
-            key = self.keys[name]
-            raw = name.encode("utf-8", "surrogatepass")
-            h.update(_LEN.pack(len(raw)) + raw)
-            h.update(_NOT_CHECKED if key is None else b"=" + _LEN.pack(len(key)) + key)
-        return int.from_bytes(h.digest(), "little", signed=True) or 1
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.values = values
+        self.digest = _digest(values)
 
     def report(self) -> bytes:
         """``{name: [digest of its value or None (not checked), short repr]}``, encoded (plain data only)."""
         entries = {}
-        for name in sorted(self.keys)[:MAX_REPORT_NAMES]:
-            key = self.keys[name]
+        for name in sorted(self.values)[:MAX_REPORT_NAMES]:
+            key = shared_key(self.values[name])
             entries[name] = [None if key is None else fingerprint_bytes(key), _short(self.values[name], key)]
         out = bytearray()
         encode_value(entries, out)
         return bytes(out)
-
-
-def fingerprint_bytes(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
-
-
-Report = Mapping[str, Sequence[Any]]  # name -> [digest or None, short repr], as :meth:`SharedValues.report` makes
 
 
 def read_report(blob: bytes) -> dict[str, tuple[int | None, str]] | None:

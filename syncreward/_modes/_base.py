@@ -133,9 +133,9 @@ class Call:
         checked = None
         if bound is not None and spec.impl.shares_arguments:
             unchecked = spec.binder.unchecked
-            checked = {k: v for k, v in bound.shared.items() if k not in unchecked}
-        shared = SharedValues(checked) if checked else _NOTHING_SHARED
-        shared.digest  # hashed here, on the caller's thread, not in the call's turn  # noqa: B018
+            if not bound.shared.keys() <= unchecked:  # TRL's calls: only unchecked ones, nothing to hash
+                checked = {k: v for k, v in bound.shared.items() if k not in unchecked}
+        shared = SharedValues(checked) if checked else _NOTHING_SHARED  # hashed here: before the call's turn
         return cls(spec, session, seq, site, bound, fingerprint(schema), f"call #{seq}{at}: {schema}", shared)
 
     @property
