@@ -411,6 +411,11 @@ def _digest(values: Mapping[str, Any]) -> int:
     """One hash of every name with its value's key (or, for a value that has none, its presence)."""
     if not values:
         return NO_SHARED
+    if set(map(type, values.values())) <= _FLAT:  # the common case (a threshold, a step): one repr, in C
+        try:
+            return fingerprint_bytes(b"R" + repr(sorted(values.items())).encode("utf-8", "surrogatepass")) or 1
+        except ValueError:  # an int past repr()'s digit limit: one by one
+            pass
     out = bytearray()
     for name in sorted(values):
         raw = name.encode("utf-8", "surrogatepass")
