@@ -15,12 +15,21 @@ Which per-sample columns travel:
   when used, so it can never silently see a local-only column next to a global batch;
 * ``include=[...]`` limits the ``**kwargs`` columns to the ones named, ``exclude=[...]`` leaves columns
   behind, ``shared=[...]`` marks sequence arguments that are not per-sample (e.g. a list of weights).
+
+An iterator (a generator, ``map``, ``zip``), a set or a dict view is neither: an iterator can be read
+only once (it could be neither sent nor checked), and a set has no order to match its entries with the
+samples. Unless ``shared=`` names it, such an argument is refused with a hint to pass a list.
+
+Shared values are one value for the whole batch, which is scored with one rank's value, so every rank
+must pass the same ones: the plain ones are checked across ranks (``_wire.SharedValues``), except TRL's
+(``TRL_SHARED``: objects) and the ``exclude=``d names -- a value that differs between ranks on purpose
+(a device, a rank index), of which the scoring rank then uses its own.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Set, ValuesView
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +99,8 @@ class Bound:
     """Local batch size."""
     step: int = NO_STEP
     """The training step the call belongs to (see :func:`call_step`), part of the call's header."""
+    shared: dict[str, Any] = field(default_factory=dict)
+    """The arguments that are not per-sample columns, by name (``**kwargs`` ones by their key)."""
     kinds: dict[str, inspect._ParameterKind] = field(default_factory=dict)
     """Each parameter's kind (looked up once per function, not per call)."""
     signature: inspect.Signature | None = None
@@ -154,6 +165,15 @@ def _names(option: str, value: Collection[str] | str | None) -> frozenset[str] |
     return names
 
 
+def _not_a_column(value: Any) -> str | None:
+    """Why ``value`` (not a per-sample column) cannot be a shared value either, or ``None`` if it can."""
+    if isinstance(value, Iterator):
+        return "an iterator can be read only once, so it can be neither sent to the other ranks nor checked"
+    if isinstance(value, (Set, ValuesView)):
+        return "a set or a dict view has no order, so its entries cannot be matched with the samples"
+    return None
+
+
 def call_step(shared: dict[str, Any]) -> int:
     """The training step a call belongs to, from its shared arguments, or ``NO_STEP``.
 
@@ -179,9 +199,9 @@ class Binder:
         include: Collection[str] | str | None,
         exclude: Collection[str] | str,
         shared: Collection[str] | str,
-        function: str = "the synced function",
+        function: str = "",
     ) -> None:
-        self.function = function  # the reward's name, for messages
+        self.function = function or getattr(fn, "__qualname__", type(fn).__qualname__)
         self.signature = inspect.signature(fn)
         self.kinds = {name: p.kind for name, p in self.signature.parameters.items()}
         params = self.signature.parameters.values()
@@ -194,9 +214,11 @@ class Binder:
         self.exclude = _names("exclude", exclude) or frozenset()
         user_shared = _names("shared", shared) or frozenset()
         self.shared = user_shared | (TRL_SHARED - (self.include or frozenset()))
-        clash = self.shared & (self.include or frozenset()) | (self.exclude & user_shared)
+        clash = self.shared & (self.include or frozenset())
         if clash:
-            raise ValueError(f"columns {sorted(clash)} are both shared and included/excluded; pick one")
+            raise ValueError(f"columns {sorted(clash)} are both shared and included; pick one")
+        # shared values never checked across ranks: TRL's objects, and what the user excluded on purpose
+        self.unchecked = TRL_SHARED | self.exclude
 
     def _bind_keywords(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """``inspect``'s binding of a keyword-only call, or ``None`` to let ``inspect`` do it (and raise)."""
@@ -273,6 +295,12 @@ class Binder:
                 continue
             container = container_of(value)
             if container is None:
+                if (why := _not_a_column(value)) is not None:
+                    raise InputError(
+                        f"argument {name!r} of synced function {self.function!r} is a {type(value).__name__}, which "
+                        f"is not a per-sample column: {why}. HINT: pass a list with one entry per sample "
+                        f"(list(...)); if it is one value for the whole batch, pass shared=[{name!r}]."
+                    )
                 shared[name] = value
                 if self.include is not None and name in self.include:
                     raise InputError(
@@ -303,7 +331,8 @@ class Binder:
             raise InputError(self._lengths_differ(lengths))
         columns.sort(key=lambda c: c.name)
         n = next(iter(lengths.values()))
-        return Bound(arguments, columns, frozenset(droppable), excluded, n, call_step(shared), self.kinds, positional)
+        step = call_step(shared)
+        return Bound(arguments, columns, frozenset(droppable), excluded, n, step, shared, self.kinds, positional)
 
     def _misfit(self, e: TypeError) -> str:
         """What a call whose arguments do not fit the function's signature says (``e``: inspect's words)."""

@@ -180,8 +180,11 @@ def synced_reward(
         include: the ``**kwargs`` per-sample columns to exchange (default: all that hold plain data).
             Parameters the function names are always exchanged.
         exclude: per-sample columns not to exchange; the function receives a
-            ``NotSynced`` placeholder for them.
+            ``NotSynced`` placeholder for them. A shared argument named here is not checked across
+            ranks: for a value that differs between ranks on purpose (a device, a rank index).
         shared: sequence arguments that are not per-sample (passed through from the scoring rank).
+            Every shared argument is one value for the whole batch: ranks that pass different plain
+            values raise ``MismatchError`` on every rank (docs: Concepts, per-sample and shared arguments).
         allow_pickle: also carry arbitrary objects, with pickle. Unpickling runs code chosen by the
             sender: use only on clusters where every rank is trusted.
         process_group: with the torch backend, the data-parallel group to sync over (default: all ranks).

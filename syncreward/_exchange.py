@@ -11,7 +11,9 @@ Three procedures carry the decisions every mode makes the same way:
   another version, or makes another call;
 * :func:`status_round` -- after work only some ranks did (scoring, planning): every rank says whether
   it failed, and every rank raises together if any did (:func:`report_failures`);
-* :func:`mismatch` -- the ranks made different calls: every rank learns every rank's description.
+* :func:`mismatch` -- the ranks made different calls: every rank learns every rank's description;
+  :func:`shared_mismatch` -- they made the same call with different shared arguments: every rank learns
+  every rank's values of them.
 """
 
 from __future__ import annotations
@@ -35,10 +37,14 @@ from ._wire import (
     VERSION,
     CallCheck,
     Headers,
+    SharedValues,
+    differing_shared,
     dropped_names,
     error_blob,
     offsets,
+    read_report,
     remainder_counts,
+    shared_values_by_rank,
     split,
 )
 
@@ -53,6 +59,7 @@ __all__ = [
     "mismatch",
     "report_failures",
     "scatter",
+    "shared_mismatch",
     "status_round",
 ]
 
@@ -149,20 +156,23 @@ def status_round(
     extra: Sequence[int] = (),
     check: CallCheck | None = None,
     description: str = "",
+    shared: SharedValues | None = None,
 ) -> Value[np.ndarray] | Error:
     """Every rank says whether it failed (``mine``), with ``extra`` numbers; every rank raises if any failed.
 
     One ``all_gather`` of ``[status, error bytes, (check), *extra]`` per rank, then, only if a rank
     failed, its error to every rank (:func:`report_failures`). With ``check`` (a call no inbound header
     checked: a reward group's hit), the ranks' records are compared first: every rank raises
-    :class:`MismatchError` if they made different calls. Returns every rank's ``extra`` (rows in rank order).
+    :class:`MismatchError` if they made different calls, or the same call with different ``shared``
+    arguments. Returns every rank's ``extra`` (rows in rank order).
     """
     blob = error_blob(mine) if mine is not None else b""
     head = [OK if mine is None else FAILED, len(blob), *(check.fields() if check is not None else ())]
     rows = all_gather(session, [*head, *extra], channel, timeout)
     if check is not None:
         checks = [CallCheck.of_fields(row[2 : 2 + CallCheck.FIELDS]) for row in rows.tolist()]
-        if (wrong := disagreement(session, checks, description, channel, timeout)) is not None:
+        wrong = disagreement(session, checks, description, channel, timeout, shared=shared, function=function)
+        if wrong is not None:
             return wrong
     statuses = [int(x) for x in rows[:, 0]]
     if any(statuses):
@@ -175,16 +185,26 @@ SAME_CALLS = "every rank must call the same synced functions in the same order" 
 
 
 def disagreement(
-    session: Session, checks: Sequence[CallCheck], description: str, channel: int, timeout: float
+    session: Session,
+    checks: Sequence[CallCheck],
+    description: str,
+    channel: int,
+    timeout: float,
+    *,
+    shared: SharedValues | None = None,
+    function: str = "",
 ) -> Error | None:
     """Whether the ranks' :class:`CallCheck` records (every rank's, in rank order) name different calls.
 
     Every rank holds every record, so every rank returns the same answer; on a disagreement every rank
-    learns every rank's description (:func:`mismatch`).
+    learns every rank's description (:func:`mismatch`), or, for the same call with different shared
+    arguments (``shared``: this rank's), every rank's values of them (:func:`shared_mismatch`).
     """
-    if all(c.same_call(checks[0]) for c in checks[1:]):
-        return None
-    return mismatch(session, [c.desc_bytes for c in checks], description, channel, timeout)
+    if not all(c.same_call(checks[0]) for c in checks[1:]):
+        return mismatch(session, [c.desc_bytes for c in checks], description, channel, timeout)
+    if shared is not None and not all(c.same_shared(checks[0]) for c in checks[1:]):
+        return shared_mismatch(session, shared, function, channel, timeout)
+    return None
 
 
 def mismatch(session: Session, desc_sizes: Sequence[int], description: str, channel: int, timeout: float) -> Error:
@@ -230,6 +250,42 @@ def _reward_of(description: str) -> str:
 
 def _columns_of(description: str) -> str:
     return description.rsplit(SITE, 1)[0].split(_COLUMNS, 1)[-1]
+
+
+def shared_mismatch(session: Session, shared: SharedValues, function: str, channel: int, timeout: float) -> Error:
+    """The ranks made the same call with different shared arguments: every rank learns every rank's values.
+
+    Every rank enters it alike (the digests it compares are in the headers or check records every rank
+    received). One ``all_gather`` of the reports' sizes, then the reports; every rank raises the same
+    :class:`MismatchError`, naming the arguments, how each rank passed them, and what to do.
+    """
+    report = shared.report()
+    sizes = all_gather(session, [len(report)], channel, timeout)[:, 0].tolist()
+    blobs = broadcast_blobs(session, report, sizes, channel, timeout)
+    reports = [read_report(b) for b in blobs]
+    bad = [r for r, got in enumerate(reports) if got is None]
+    readable = [got if got is not None else {} for got in reports]
+    names = differing_shared(readable)
+    lines = []
+    for name in names:
+        shown = "; ".join(f"{text} on rank(s) {ranks}" for text, ranks in shared_values_by_rank(readable, name))
+        lines.append(f"  {name}: {shown}")
+    if bad:
+        lines.append(f"  (rank(s) {bad} sent an unreadable report of their shared arguments)")
+    which = ", ".join(map(repr, names)) if names else "(which ones could not be told)"
+    first = names[0] if names else "<name>"
+    return Error(
+        MismatchError(
+            f"ranks called synced function {function!r} with different values of the shared argument(s) {which}. "
+            "A shared argument (anything but a list, tuple, numpy array or tensor) is one value for the whole "
+            "batch: the batch would be scored with one rank's value, for every rank's samples:\n"
+            + "\n".join(lines)
+            + "\nHINT: if it holds one entry per sample, pass it as a list; if it is one value, make it the same "
+            f"on every rank (a sequence that is one value also needs shared=[{first!r}]); if it differs between "
+            f"ranks on purpose (a device, a rank index), pass exclude=[{first!r}]: it is then not checked, and "
+            "the scoring rank uses its own."
+        )
+    )
 
 
 def _blocks(header: bytes, payload: bytes | bytearray, counts: Sequence[int], mine: frozenset[int]) -> np.ndarray:
@@ -281,6 +337,7 @@ def exchange_inbound(
     droppable: frozenset[str],
     timeout: float,
     function: str,
+    shared: SharedValues,
 ) -> Value[Inbound] | Error:
     """Send every rank this rank's header plus the start of its payload where ``route`` says; complete the payloads.
 
@@ -290,7 +347,8 @@ def exchange_inbound(
     session's predictor gives every rank for this pair (sizes every rank computes alike, so the collective
     always matches). In the steady state the whole payload rides in it; the part that does not fit moves
     in one more exact-size ``all_to_all``. Then, from the headers, every rank raises together if any rank
-    failed or the ranks are not making the same call.
+    failed, the ranks are not making the same call, or they pass different ``shared`` arguments (this
+    rank's are ``shared``).
     """
     w, me = session.world_size, session.rank
     eager = session.predictor.predict()
@@ -316,6 +374,8 @@ def exchange_inbound(
         return report_failures(session, headers.statuses, headers.sizes, error, blob, INBOUND, timeout, function)
     if not headers.agree:
         return mismatch(session, headers.desc_sizes, description, INBOUND, timeout)
+    if not headers.shared_agree:
+        return shared_mismatch(session, shared, function, INBOUND, timeout)
     counts = headers.counts
     dropped = dropped_names(names, droppable, headers.masks) if droppable and headers.any_dropped else frozenset()
     inbound = Inbound(headers, counts, offsets(counts), dropped)

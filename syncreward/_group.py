@@ -28,11 +28,12 @@ makes that decision the same on every rank:
   one rank: the hit waits for its results, the miss in its gather, and the call ends at ``timeout=``
   (docs/concepts.md, "What makes two calls the same call");
 * **every hit is checked on every rank.** A hit's result exchange carries every rank's fingerprint,
-  sequence number and step to every rank (``mode="main"``; ``replicate``'s status exchange already
-  does), so members called in a different order on different ranks raise ``MismatchError`` on every
-  rank, the scoring rank included -- where every rank's call is a hit. A different order that makes
-  one rank's call a miss (it names a column the earlier call left behind) and another's a hit leaves
-  them in different exchanges until ``timeout=`` (a strict xfail in ``tests/test_refactor_review.py``).
+  sequence number, step and shared-argument digest to every rank (``mode="main"``; ``replicate``'s
+  status exchange already does), so members called in a different order on different ranks (or with
+  different shared arguments) raise ``MismatchError`` on every rank, the scoring rank included --
+  where every rank's call is a hit. A different order that makes one rank's call a miss (it names a
+  column the earlier call left behind) and another's a hit leaves them in different exchanges until
+  ``timeout=`` (a strict xfail in ``tests/test_refactor_review.py``).
 
 An inbound exchange that fails (on every rank) makes every rank forget what was kept.
 """
@@ -128,6 +129,7 @@ class GroupMode(Mode[GatherScoring]):
         self.base = base
         self.group = group
         self.name = base.name
+        self.shares_arguments = base.shares_arguments
 
     def check(self, options: Options) -> None:
         self.base.check(options)

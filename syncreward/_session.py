@@ -3,7 +3,9 @@
 One :class:`Session` exists per backend object in a process (:func:`session_for`). It owns
 
 * the **sequence numbers** that pair calls across ranks: the n-th synced call a rank makes is paired
-  with the n-th call of every other rank;
+  with the n-th call of every other rank. They count per session (per group), and they are the ``#N``
+  every message names a call by: a count per process would differ between the members of a group
+  (a member of a second group counts that group's calls too), so one call would go by two numbers;
 * two **turnstiles**, one per channel, that run every call's collectives in sequence order -- the
   inbound exchange on channel 0, the outbound exchange on channel 1 -- so concurrent ``async``
   calls issue their collectives in the same order on every rank while their function bodies overlap.

@@ -7,12 +7,17 @@ the *process* when two ranks disagree about the size of a collective.
 
 The header every rank sends every other rank at the start of a call (int64 words)::
 
-    [version, seq, status, fingerprint, step, n_samples, payload_bytes, description_bytes, aux, drop_mask x4]
+    [version, seq, status, fingerprint, step, n_samples, payload_bytes, description_bytes, aux, shared,
+     drop_mask x4]
 
 * ``seq``: the call's sequence number on its session; ``step``: the training step the call belongs to
   (TRL's ``trainer_state.global_step``, a ``step=``/``global_step=`` argument, else ``NO_STEP``). Ranks
   whose ``seq``, ``fingerprint`` or ``step`` differ are making different calls: every rank raises
   :class:`~syncreward.MismatchError`.
+* ``shared``: a digest of the call's plain shared arguments (:class:`SharedValues`; ``NO_SHARED``: none).
+  Ranks whose digests differ passed different values for an argument that is one value for the whole
+  batch: every rank raises :class:`~syncreward.MismatchError` naming it, rather than score every rank's
+  samples with one rank's value.
 * ``status``: ``OK``, or ``FAILED`` when this rank failed before the exchange; then ``payload_bytes``
   is the size of its error blob, which travels instead of the payload.
 * ``drop_mask``: the ``**kwargs`` columns this rank leaves behind (they hold non-plain data). Column
@@ -23,18 +28,20 @@ The header every rank sends every other rank at the start of a call (int64 words
 
 from __future__ import annotations
 
+import array
 import hashlib
 import struct
 import traceback
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ._codec import encode_value
+from ._codec import decode_value, encode_value
+from ._errors import CodecError
 
 __all__ = [
     "FAILED",
@@ -59,17 +66,22 @@ __all__ = [
     "remainder_counts",
     "routes",
     "ResultPredictor",
+    "SharedValues",
+    "differing_shared",
+    "shared_key",
     "split",
 ]
 
-VERSION = 0x5352_0004  # 4: shard mode's group_by keys travel as 16-byte content digests (3: replicate's check record)
-H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_DESC, H_AUX, H_DROP = range(10)
+VERSION = 0x5352_0005  # 5: the header and the check record carry the digest of the shared arguments; 4: shard
+# mode's group_by keys travel as 16-byte content digests; 3: replicate's check record
+H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_DESC, H_AUX, H_SHARED, H_DROP = range(11)
 DROP_WORDS = 4
 HEADER_LEN = H_DROP + DROP_WORDS
 DROP_BITS = 63 * DROP_WORDS
 MAX_EXACT_DROPS = DROP_BITS
 OK, FAILED = 0, 1
 NO_STEP = -1
+NO_SHARED = 0  # the shared digest of a call without shared arguments to check
 MAX_FIELD = 1 << 40  # no header size or count is larger (1 TiB)
 
 EAGER_MARGIN = 1.2  # an eager chunk is 1.2x the payload predicted for it: a little growth still fits
@@ -125,9 +137,20 @@ def dropped_names(names: Sequence[str], droppable: Iterable[str], masks: np.ndar
 
 
 def pack_header(
-    *, seq: int, status: int, fp: int, step: int, n: int, size: int, desc: int, aux: int, mask: Sequence[int]
+    *,
+    seq: int,
+    status: int,
+    fp: int,
+    step: int,
+    n: int,
+    size: int,
+    desc: int,
+    aux: int,
+    mask: Sequence[int],
+    shared: int = NO_SHARED,
 ) -> bytes:
-    return np.asarray([VERSION, seq, status, fp, step, n, size, desc, aux, *mask], dtype=np.int64).tobytes()
+    words = [VERSION, seq, status, fp, step, n, size, desc, aux, shared, *mask]
+    return np.asarray(words, dtype=np.int64).tobytes()
 
 
 HEADER_BYTES = HEADER_LEN * 8
@@ -176,6 +199,12 @@ class Headers:
         """Whether every rank makes the same call (sequence number, function/schema and step)."""
         w = self._words
         return all(min(w[c]) == max(w[c]) for c in (H_SEQ, H_FP, H_STEP))
+
+    @property
+    def shared_agree(self) -> bool:
+        """Whether every rank passed the same plain shared arguments (the same :class:`SharedValues` digest)."""
+        w = self._words[H_SHARED]
+        return min(w) == max(w)
 
     @property
     def counts(self) -> list[int]:
@@ -243,6 +272,233 @@ def split(buf: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
         out.append(buf[pos : pos + c])
         pos += c
     return out
+
+
+# --------------------------------------------------------------------------------------------- shared values
+# A shared argument (not a per-sample column) is one value for the whole batch, and the batch is scored
+# with one rank's value (``main``: rank 0's). Every rank hashes its plain shared values into its header;
+# ranks that passed different values raise together instead of scoring every rank's samples with one
+# rank's argument. Only plain values can be hashed alike on every rank (an object's repr holds an
+# address, a tokenizer or a model has no canonical bytes), so only they are checked.
+
+MAX_SHARED_ITEMS = 1024  # a shared value with more elements (nested ones included) is not checked
+MAX_SHARED_BYTES = 64 << 10  # ... nor one whose canonical bytes are longer (a hash per call stays cheap)
+MAX_REPORT_NAMES = 256  # a disagreement report lists at most this many arguments
+_SHORT = 60  # characters of a value's repr shown in the disagreement message
+_LEN = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
+_NOT_CHECKED = b"?"  # an argument present, but not plain: its presence counts, not its value
+_FLAT = frozenset({type(None), bool, int, float, str, bytes})  # exact types whose repr is their exact value
+_FLOATS = frozenset({float})
+_STR = frozenset({str})
+_REPR_SCALARS = _FLAT - {int}  # an int may be past repr()'s digit limit: it goes by its bytes
+
+
+def shared_key(value: Any) -> bytes | None:
+    """The canonical bytes of a plain shared value, or ``None`` when it is not plain (then it is not checked).
+
+    Plain: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes`` (exact types, not subclasses), numpy
+    scalars of numbers, bytes or str, and lists, tuples and dicts of plain values, with at most
+    ``MAX_SHARED_ITEMS`` elements and ``MAX_SHARED_BYTES`` bytes in all. Equal values give equal bytes on
+    every rank: a float is its exact value (its 8 bytes, or its ``repr`` -- exact -- in a list of mixed
+    scalars; ``-0.0`` and ``0.0`` differ), a list differs from a tuple (the function sees which), and a
+    dict's entries are taken in key order (insertion order is not part of its value). Which encoding a
+    value gets depends only on its types, so equal values on two ranks always get the same one.
+    """
+    out = bytearray()
+    return bytes(out) if _append_key(value, out) else None
+
+
+def _append_key(value: Any, out: bytearray) -> bool:
+    """Append :func:`shared_key` of ``value`` to ``out``; ``False`` (and ``out`` as it was) if it has none."""
+    start = len(out)
+    if type(value) in _REPR_SCALARS:  # the common shape (a threshold, a name): its repr, exact for these
+        raw = repr(value).encode("utf-8", "surrogatepass")
+        if len(raw) > MAX_SHARED_BYTES:
+            return False
+        out += b"r" + _LEN.pack(len(raw)) + raw
+        return True
+    try:
+        plain = _put(value, out, [MAX_SHARED_ITEMS, start + MAX_SHARED_BYTES], 0)
+    except Exception:  # never seen; a value that cannot be read is not checked rather than fail the call
+        plain = False
+    if plain and len(out) <= start + MAX_SHARED_BYTES:
+        return True
+    del out[start:]
+    return False
+
+
+def _put(v: Any, out: bytearray, left: list[int], depth: int) -> bool:
+    """Append ``v``'s canonical bytes; ``left``: [elements left, where ``out`` must end at most]."""
+    left[0] -= 1
+    if left[0] < 0 or depth > 32 or len(out) > left[1]:
+        return False
+    t = type(v)
+    if v is None:
+        out += b"N"
+    elif t is bool:
+        out += b"T" if v else b"F"
+    elif t is int:
+        raw = v.to_bytes(v.bit_length() // 8 + 1, "little", signed=True)
+        out += b"i" + _LEN.pack(len(raw)) + raw
+    elif t is float:
+        out += b"f" + _F64.pack(v)
+    elif t is str:
+        raw = v.encode("utf-8", "surrogatepass")
+        out += b"s" + _LEN.pack(len(raw)) + raw
+    elif t is bytes:
+        out += b"b" + _LEN.pack(len(v)) + v
+    elif t is list or t is tuple:
+        left[0] -= len(v)
+        if left[0] < 0:
+            return False
+        types = set(map(type, v))
+        if types <= _FLAT:  # the common shapes (a list of weights, of labels): one pass in C
+            try:
+                raw = array.array("d", v).tobytes() if types == _FLOATS else repr(v).encode("utf-8", "surrogatepass")
+            except ValueError:  # an int past str()'s digit limit
+                return False
+            out += (b"D" if types == _FLOATS else b"R") + (b"l" if t is list else b"t") + _LEN.pack(len(raw)) + raw
+            return True
+        left[0] += len(v)  # counted again one by one
+        out += (b"l" if t is list else b"t") + _LEN.pack(len(v))
+        return all(_put(x, out, left, depth + 1) for x in v)
+    elif t is dict:
+        if set(map(type, v)) <= _STR:  # the common shape (a config): keys in sorted order
+            left[0] -= 2 * len(v)
+            if left[0] < 0:
+                return False
+            if set(map(type, v.values())) <= _FLAT:  # ... of scalars: one repr, in C
+                raw = repr(sorted(v.items())).encode("utf-8", "surrogatepass")
+                out += b"E" + _LEN.pack(len(raw)) + raw
+                return True
+            left[0] += 2 * len(v)  # counted again one by one
+            out += b"e" + _LEN.pack(len(v))
+            return all(_put(k, out, left, depth + 1) and _put(v[k], out, left, depth + 1) for k in sorted(v))
+        entries = []
+        for k, x in v.items():
+            key, item = bytearray(), bytearray()
+            if not (_put(k, key, left, depth + 1) and _put(x, item, left, depth + 1)):
+                return False
+            entries.append((bytes(key), bytes(item)))
+        out += b"d" + _LEN.pack(len(entries))
+        for pair in sorted(entries):  # in the order of their bytes: any keys, the same order on every rank
+            out += pair[0] + pair[1]
+    elif isinstance(v, np.generic) and v.dtype.kind in "biufcSU":
+        code = v.dtype.str.encode()
+        out += b"n" + _LEN.pack(len(code)) + code + v.tobytes()
+    else:
+        return False
+    return True
+
+
+def _short(value: Any, key: bytes | None) -> str:
+    """How the disagreement message shows a value: its repr (plain values only), cut to ``_SHORT`` characters."""
+    if key is None:
+        return f"<{type(value).__name__}: not checked>"
+    try:
+        text = repr(value)
+    except ValueError:  # an int past repr()'s digit limit
+        return f"<{type(value).__name__} of {len(key)} bytes>"
+    return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
+
+
+def fingerprint_bytes(data: bytes) -> int:
+    """A signed 64-bit hash of ``data``, identical on every rank."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def _digest(values: Mapping[str, Any]) -> int:
+    """One hash of every name with its value's key (or, for a value that has none, its presence)."""
+    if not values:
+        return NO_SHARED
+    if set(map(type, values.values())) <= _FLAT:  # the common case (a threshold, a step): one repr, in C
+        try:
+            return fingerprint_bytes(b"R" + repr(sorted(values.items())).encode("utf-8", "surrogatepass")) or 1
+        except ValueError:  # an int past repr()'s digit limit: one by one
+            pass
+    out = bytearray()
+    for name in sorted(values):
+        raw = name.encode("utf-8", "surrogatepass")
+        out += _LEN.pack(len(raw)) + raw
+        if not _append_key(values[name], out):
+            out += _NOT_CHECKED
+    return fingerprint_bytes(bytes(out)) or 1
+
+
+class SharedValues:
+    """The shared arguments of one call that every rank must pass alike, by name.
+
+    ``values`` leaves out what is never checked (TRL's ``trainer_state``, ``log_extra``, ``log_metric``
+    and ``exclude=``d names: ``_binding``); of the rest, a value that is not plain (:func:`shared_key`)
+    counts by its presence only. :attr:`digest` (computed when it is made: on the caller's thread) goes
+    in the call's header and check record; :meth:`report` is what a rank tells the others when the
+    digests differ.
+    """
+
+    __slots__ = ("digest", "values")
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.values = values
+        self.digest = _digest(values)
+
+    def report(self) -> bytes:
+        """``{name: [digest of its value or None (not checked), short repr]}``, encoded (plain data only)."""
+        entries = {}
+        for name in sorted(self.values)[:MAX_REPORT_NAMES]:
+            key = shared_key(self.values[name])
+            entries[name] = [None if key is None else fingerprint_bytes(key), _short(self.values[name], key)]
+        out = bytearray()
+        encode_value(entries, out)
+        return bytes(out)
+
+
+def read_report(blob: bytes) -> dict[str, tuple[int | None, str]] | None:
+    """A report received from another rank, or ``None`` when it is not one (it is input like any other)."""
+    try:
+        raw = decode_value(blob)
+    except CodecError:
+        return None
+    if not isinstance(raw, dict) or len(raw) > MAX_REPORT_NAMES:
+        return None
+    out: dict[str, tuple[int | None, str]] = {}
+    for name, entry in raw.items():
+        if not (isinstance(name, str) and isinstance(entry, list) and len(entry) == 2):
+            return None
+        digest, text = entry
+        if not ((digest is None or type(digest) is int) and isinstance(text, str)):
+            return None
+        out[name] = (digest, text[: _SHORT + 40])
+    return out
+
+
+_ABSENT = (None, "<not passed>")
+
+
+def differing_shared(reports: Sequence[Mapping[str, tuple[int | None, str]]]) -> list[str]:
+    """The names whose values differ between ranks (rank order of ``reports``), sorted.
+
+    A name some rank did not pass differs; one that no rank's value is plain for (not checked anywhere)
+    does not, whatever the objects are.
+    """
+    names = sorted({name for r in reports for name in r})
+    out = []
+    for name in names:
+        seen = {(name in r, r.get(name, _ABSENT)[0]) for r in reports}
+        if len(seen) > 1:
+            out.append(name)
+    return out
+
+
+def shared_values_by_rank(
+    reports: Sequence[Mapping[str, tuple[int | None, str]]], name: str
+) -> list[tuple[str, list[int]]]:
+    """How each rank passed ``name``: ``[(shown value, ranks)]``, in order of the first rank that passed each."""
+    groups: dict[tuple[bool, int | None, str], list[int]] = {}
+    for rank, r in enumerate(reports):
+        digest, text = r.get(name, _ABSENT)
+        groups.setdefault((name in r, digest, text), []).append(rank)
+    return [(text, ranks) for (_, _, text), ranks in groups.items()]
 
 
 # --------------------------------------------------------------------------------------------- payloads
@@ -383,19 +639,20 @@ class CallCheck:
     fp: int
     seq: int
     step: int
+    shared: int  # the digest of the call's plain shared arguments (``SharedValues.digest``)
     desc_bytes: int
 
-    SIZE = 32
-    FIELDS = 4
-    _STRUCT = struct.Struct("<qqqq")
+    SIZE = 40
+    FIELDS = 5
+    _STRUCT = struct.Struct("<qqqqq")
 
-    def fields(self) -> tuple[int, int, int, int]:
-        return (self.fp, self.seq, self.step, self.desc_bytes)
+    def fields(self) -> tuple[int, int, int, int, int]:
+        return (self.fp, self.seq, self.step, self.shared, self.desc_bytes)
 
     @classmethod
     def of_fields(cls, fields: Sequence[int]) -> CallCheck:
-        fp, seq, step, desc = (int(x) for x in fields)
-        return cls(fp, seq, step, max(0, min(desc, MAX_DESC)))
+        fp, seq, step, shared, desc = (int(x) for x in fields)
+        return cls(fp, seq, step, shared, max(0, min(desc, MAX_DESC)))
 
     def pack(self) -> bytes:
         return self._STRUCT.pack(*self.fields())
@@ -406,6 +663,9 @@ class CallCheck:
 
     def same_call(self, other: CallCheck) -> bool:
         return (self.fp, self.seq, self.step) == (other.fp, other.seq, other.step)
+
+    def same_shared(self, other: CallCheck) -> bool:
+        return self.shared == other.shared
 
 
 MAX_DESC = 1 << 20  # a call description is a line of text: a larger size in a check record is not believed

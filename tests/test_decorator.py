@@ -93,7 +93,7 @@ def test_single_process_torch_job_is_a_direct_call(monkeypatch: pytest.MonkeyPat
         ({"group_size": 4}, "only apply to mode='shard'"),
         ({"timeout": 0}, "timeout must be a number of seconds"),
         ({"backend": "nccl"}, "unknown backend"),
-        ({"shared": ["solution"], "exclude": ["solution"]}, "both shared and"),
+        ({"shared": ["solution"], "include": ["solution"]}, "both shared and included"),
         ({"mode": "shard", "group_by": "trainer_state"}, "shared argument"),
     ],
 )

@@ -114,3 +114,55 @@ def test_ranks_holding_different_numbers_of_torch_groups() -> None:
             assert res["sub"] == _expected(sub, rank), rank
         else:
             assert "sub" not in res
+
+
+def _never_called_by_rank1_body(rank: int, world_size: int, earlier: str, done: str) -> Any:
+    """Rank 1 never makes the subgroup's first call; rank 0 gives up on it and names who is missing."""
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    import syncreward
+
+    sub = dist.new_group([0, 1])
+    if earlier == "world":  # every rank has already set up (and arrived at) the whole job's groups
+        synced(_batch(rank))
+        synced(_batch(rank, "w"))
+    if rank != 0:  # rank 1 stays in the job without the call; rank 2 is no member
+        deadline = time.monotonic() + 60
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return None
+    try:
+        synced_reward(timeout=2, process_group=sub)(batch_normalized)(_batch(rank, "s"))
+        return ("ok", (), "")
+    except syncreward.SyncTimeoutError as e:
+        return ("SyncTimeoutError", tuple(e.missing_ranks), str(e))
+    finally:
+        open(done, "w").close()
+
+
+@pytest.fixture(scope="module", params=["none", "world"])
+def subgroup_timeout(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
+    done = str(tmp_path_factory.mktemp("setup") / "done")
+    return request.param, run_ranks(_never_called_by_rank1_body, 3, request.param, done, timeout=90)[0]
+
+
+def test_setup_timeout_names_the_missing_rank_after_an_earlier_group(subgroup_timeout: tuple[str, Any]) -> None:
+    """Arrival records are per group being set up: arriving at the whole job's groups is not arriving here."""
+    earlier, (kind, missing, message) = subgroup_timeout
+    assert kind == "SyncTimeoutError", (earlier, message)
+    assert missing == (1,), (earlier, message)
+    assert "rank(s) [1] did not make their first synced call" in message, (earlier, message)
+
+
+def test_call_number_counts_the_calls_over_the_same_group(subgroup_timeout: tuple[str, Any]) -> None:
+    """``#N`` is the sequence number that pairs calls over a group, the same on every member (docs say so)."""
+    earlier, (_, _, message) = subgroup_timeout
+    assert message.startswith("synced call #0 of 'batch_normalized' timed out on rank 0"), (earlier, message)
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).parent.parent / "docs" / "troubleshooting.md").read_text().split())
+    assert "`#N` is the call's sequence number over its group" in text
+    assert "counts this process's synced calls" not in text

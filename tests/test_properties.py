@@ -355,7 +355,8 @@ def test_concurrent_async_calls_keep_their_samples_apart(
     total = sum(sizes)
 
     def body(rank: int, world_size: int) -> Any:
-        fns = [synced_reward(mode=m, timeout=30)(_areward) for m in modes]
+        # each rank delays its calls differently on purpose: a shared value that differs between ranks
+        fns = [synced_reward(mode=m, timeout=30, exclude=["delay"])(_areward) for m in modes]
         start = sum(sizes[:rank])
         comps = [f"s{start + i}" for i in range(sizes[rank])]
 
@@ -416,7 +417,8 @@ def test_unit_failure_on_one_rank_raises_everywhere_then_recovers(mode: str) -> 
     failing_rank = 0 if mode == "main" else 2
 
     def body(rank: int, world_size: int) -> Any:
-        f = synced_reward(mode=mode, timeout=10, **extra)(_fails_on)  # type: ignore[call-overload]
+        # the failure is injected on one rank: a shared value that differs between ranks on purpose
+        f = synced_reward(mode=mode, timeout=10, exclude=["fail"], **extra)(_fails_on)  # type: ignore[call-overload]
         out = []
         for fail in (rank == failing_rank, False):
             try:

@@ -169,9 +169,9 @@ def mode_cases(mode: str, rank: int, world_size: int, backend: str, marker_dir: 
 
     f_plain = synced(plain, mode, backend)
     f_other = synced(other, mode, backend)
-    f_raise = synced(raising, mode, backend)
+    f_raise = synced(raising, mode, backend, exclude=["fail_rank"])  # differs between ranks on purpose
     f_payload = synced(uses_payload, mode, backend)
-    f_async = synced(aslow, mode, backend)
+    f_async = synced(aslow, mode, backend, exclude=["delay"])  # rank 0 alone delays, on purpose
     f_plain_other_mode = synced(plain, "replicate" if mode != "replicate" else "main", backend)
 
     out[f"{mode}/warmup"] = outcome(lambda: f_plain(comps))

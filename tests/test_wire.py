@@ -12,8 +12,11 @@ from syncreward._wire import (
     FAILED,
     HEADER_LEN,
     MAX_EAGER,
+    MAX_SHARED_ITEMS,
+    NO_SHARED,
     NO_STEP,
     OK,
+    CallCheck,
     Headers,
     Predictor,
     ResultChunk,
@@ -24,14 +27,19 @@ from syncreward._wire import (
     error_blob,
     offsets,
     pack_header,
+    read_report,
     remainder_counts,
     routes,
+    shared_key,
+    shared_values_by_rank,
     split,
 )
+from syncreward._wire import SharedValues as Shared
+from syncreward._wire import differing_shared as differing
 
 
 def headers(*rows: dict[str, int]) -> Headers:
-    defaults = {"seq": 0, "status": OK, "fp": 7, "step": NO_STEP, "n": 1, "size": 0, "desc": 0, "aux": 0}
+    defaults = {"seq": 0, "status": OK, "fp": 7, "step": NO_STEP, "n": 1, "size": 0, "desc": 0, "aux": 0, "shared": 0}
     packed = []
     for r in rows:
         fields = {**defaults, **{k: v for k, v in r.items() if k != "mask"}}
@@ -56,6 +64,15 @@ def test_header_round_trips_every_field() -> None:
     assert h.counts == [4] and h.sizes == [100] and h.desc_sizes == [9] and h.aux == [2]
     assert h.masks.tolist() == [[1, 0, 0, 2]]
     assert h.agree and h.fp == -3 and not h.failed
+    assert headers({"shared": -9}).column(9) == [-9]
+
+
+def test_headers_that_differ_only_in_shared_arguments_agree_on_the_call_but_not_on_its_arguments() -> None:
+    h = headers({"shared": 5}, {"shared": 6})
+    assert h.agree  # the same call (predictions follow it), with different shared arguments
+    assert h.fp == 7
+    assert not h.shared_agree
+    assert headers({"shared": 5}, {"shared": 5}).shared_agree
 
 
 @pytest.mark.parametrize("field", ["seq", "fp", "step"])
@@ -248,3 +265,133 @@ def test_error_blob_survives_a_failing_str_and_lone_surrogates() -> None:
     assert "str() failed" in info["message"]
     info = decode_value(error_blob(ValueError("bad \udcff key")))
     assert info["type"] == "ValueError" and "bad" in info["message"]
+
+
+# --------------------------------------------------------------------------------------------- shared values
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (0.1 + 0.2, 0.3),  # floats by their exact value
+        (0.0, -0.0),
+        (1, 1.0),  # the function sees an int or a float
+        (1, True),
+        ([1, 2], (1, 2)),  # ... a list or a tuple
+        ("1", b"1"),
+        ({"a": 1}, {"a": 2}),
+        (np.float32(0.5), 0.5),
+        (None, 0),
+        ([[1], 2], [1, [2]]),
+        ([0.0], [-0.0]),
+        ([1.0, 2.0], [1, 2]),
+        ([1.0, 2.0], (1.0, 2.0)),
+        (["a", "b"], ["a, b"]),
+        ([0.1 + 0.2, 1], [0.3, 1]),
+    ],
+)
+def test_shared_keys_of_different_plain_values_differ(a: object, b: object) -> None:
+    ka, kb = shared_key(a), shared_key(b)
+    assert ka is not None
+    assert kb is not None
+    assert ka != kb
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: 0.30000000000000004,
+        lambda: float("nan"),  # the same program's nan is the same on every rank
+        lambda: {"b": [1, 2.5], "a": None},
+        lambda: 10**400,  # big ints too (past str()'s digit limit)
+        lambda: "ünïcode \udcff",  # lone surrogates too
+        lambda: np.int64(3),
+        lambda: (b"raw", [True, False]),
+        lambda: [0.5, -0.0, 1e300],  # a list of floats: their bytes
+        lambda: [0.5, 1, "x", None],  # a list of mixed scalars: its repr
+        lambda: ([0.5], {"k": (1.5, "s")}),
+    ],
+)
+def test_shared_keys_of_equal_plain_values_are_equal(make: object) -> None:
+    assert callable(make)
+    a, b = make(), make()
+    assert shared_key(a) is not None
+    assert shared_key(a) == shared_key(b)
+
+
+def test_a_dicts_insertion_order_is_not_part_of_its_key() -> None:
+    assert shared_key({"a": 1, "b": 2}) == shared_key({"b": 2, "a": 1})
+
+
+class Tokenizer:
+    def __repr__(self) -> str:
+        return f"<Tokenizer at {id(self):#x}>"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        Tokenizer(),
+        lambda: 0,
+        [1, Tokenizer()],  # one object makes the whole value not plain
+        {"k": {1, 2}},
+        {Tokenizer(): 1},
+        np.zeros(3),  # an array as a shared value (shared=[...]) is not hashed per call
+        type("MyStr", (str,), {})("x"),  # subclasses (enums of str, ...) have their own equality
+        list(range(MAX_SHARED_ITEMS + 1)),  # too large to hash on every call
+        "x" * (70 << 10),
+    ],
+)
+def test_values_that_are_not_plain_or_too_large_have_no_key(value: object) -> None:
+    assert shared_key(value) is None
+
+
+def test_shared_digest_changes_with_any_checked_value_and_ignores_what_cannot_be_checked() -> None:
+    base = Shared({"threshold": 0.5, "tokenizer": Tokenizer()})
+    assert Shared({}).digest == NO_SHARED
+    assert base.digest != NO_SHARED
+    assert Shared({"tokenizer": Tokenizer(), "threshold": 0.5}).digest == base.digest  # another object, same key
+    assert Shared({"threshold": 0.6, "tokenizer": Tokenizer()}).digest != base.digest
+    assert Shared({"threshold": 0.5}).digest != base.digest  # an argument one rank did not pass
+    assert Shared({"threshold": 0.5, "tokenizer": None}).digest != base.digest  # an object on one rank only
+
+
+def test_shared_report_names_what_differs_and_how_each_rank_passed_it() -> None:
+    ranks = [
+        Shared({"threshold": 0.5, "tok": Tokenizer(), "same": [1]}),
+        Shared({"threshold": 1.5, "tok": Tokenizer(), "same": [1]}),
+        Shared({"threshold": 0.5, "tok": Tokenizer(), "same": [1], "extra": "x" * 100}),
+    ]
+    reports = [read_report(r.report()) for r in ranks]
+    assert all(r is not None for r in reports)
+    readable = [r or {} for r in reports]
+    assert differing(readable) == ["extra", "threshold"]
+    assert shared_values_by_rank(readable, "threshold") == [("0.5", [0, 2]), ("1.5", [1])]
+    (absent, _), (shown, ranks_with) = shared_values_by_rank(readable, "extra")
+    assert absent == "<not passed>"
+    assert ranks_with == [2]
+    assert shown.endswith("...")
+    assert len(shown) == 60  # cut, never the whole value
+    assert readable[0]["tok"] == (None, "<Tokenizer: not checked>")  # never its repr (an address)
+
+
+@pytest.mark.parametrize(
+    "value", [[1, 2], {"a": [1]}, {"a": ["x", "y"]}, {1: [None, "x"]}, {"a": [None, 3]}, {"a": [True, "x"]}]
+)
+def test_a_report_that_is_not_one_is_refused_not_trusted(value: object) -> None:
+    """A report comes from another rank: input like any other."""
+    from syncreward._codec import encode_value
+
+    out = bytearray()
+    encode_value(value, out)
+    assert read_report(bytes(out)) is None
+    assert read_report(b"\xff\x00") is None
+
+
+def test_check_records_carry_the_shared_digest() -> None:
+    check = CallCheck(fp=1, seq=2, step=3, shared=-4, desc_bytes=5)
+    assert CallCheck.unpack(check.pack()) == check
+    assert len(check.pack()) == CallCheck.SIZE == 8 * CallCheck.FIELDS
+    other = CallCheck(1, 2, 3, 9, 5)
+    assert check.same_call(other)
+    assert not check.same_shared(other)

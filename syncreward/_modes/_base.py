@@ -34,17 +34,18 @@ from .._batch import concat
 from .._binding import Binder, Bound
 from .._codec import C_TENSOR, CONTAINERS, decode_frame, encode_frame
 from .._errors import CodecError, MismatchError
-from .._exchange import SITE, Inbound, exchange_inbound
+from .._exchange import SITE, Inbound, disagreement, exchange_inbound
 from .._identity import Identity, Site
 from .._logs import Logs
 from .._options import Options
 from .._outcome import Error, Outcome, Value
 from .._session import Session
-from .._wire import FAILED, NO_STEP, OK, CallCheck, drop_mask, error_blob, fingerprint, pack_header
+from .._wire import FAILED, NO_STEP, OK, CallCheck, SharedValues, drop_mask, error_blob, fingerprint, pack_header
 
 __all__ = ["Call", "GatherMode", "GatherScoring", "Mode", "Payload", "Scoring", "Spec"]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]  # the positional and keyword arguments the function is scored with
+_NOTHING_SHARED = SharedValues({})  # a call without shared arguments to check (TRL's: only trainer_state and logs)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Call:
     bound: Bound | None  # None: binding the arguments failed
     fp: int
     description: str
+    shared: SharedValues  # the shared arguments every rank must pass alike (their digest is in the header)
+    # (none in a mode where every rank scores with its own: ``Mode.shares_arguments``)
 
     @classmethod
     def open(
@@ -127,9 +130,15 @@ class Call:
         schema = f"{spec.key} per-sample columns [{cols}]{SITE}"
         step = bound.step if bound is not None else NO_STEP
         at = f" at step {step}" if step != NO_STEP else ""
+        checked = None
+        if bound is not None and spec.impl.shares_arguments:
+            unchecked = spec.binder.unchecked
+            if not bound.shared.keys() <= unchecked:  # TRL's calls: only unchecked ones, nothing to hash
+                checked = {k: v for k, v in bound.shared.items() if k not in unchecked}
+        shared = SharedValues(checked) if checked else _NOTHING_SHARED  # hashed here: before the call's turn
         # the path-independent site is compared; the user's file and line are shown (they may differ per rank)
         fp = fingerprint(schema + site.key)
-        return cls(spec, session, seq, site, bound, fp, f"call #{seq}{at}: {schema}{site.shown}")
+        return cls(spec, session, seq, site, bound, fp, f"call #{seq}{at}: {schema}{site.shown}", shared)
 
     @property
     def rank(self) -> int:
@@ -157,7 +166,14 @@ class Call:
 
     def check(self) -> CallCheck:
         """What this rank says of this call where no inbound header checked it."""
-        return CallCheck(self.fp, self.seq, self.step, len(self.description.encode("utf-8", "backslashreplace")))
+        desc = len(self.description.encode("utf-8", "backslashreplace"))
+        return CallCheck(self.fp, self.seq, self.step, self.shared.digest, desc)
+
+    def disagreement(self, checks: Sequence[CallCheck], channel: int) -> Error | None:
+        """Whether the ranks' check records (``checks``, in rank order) name this call (``_exchange.disagreement``)."""
+        return disagreement(
+            self.session, checks, self.description, channel, self.timeout, shared=self.shared, function=self.spec.name
+        )
 
     def encode(self) -> Payload:
         """Encode every column (``**kwargs`` columns that hold non-plain data are left behind, not refused)."""
@@ -200,6 +216,7 @@ class Call:
             droppable=self.droppable,
             timeout=self.timeout,
             function=self.spec.name,
+            shared=self.shared,
         )
 
     def header(self, ok: bool, size: int, aux: int, dropped: Sequence[str]) -> bytes:
@@ -214,6 +231,7 @@ class Call:
             desc=len(self.description.encode("utf-8", "backslashreplace")),
             aux=aux,
             mask=drop_mask(self.names, dropped),
+            shared=self.shared.digest,
         )
 
     def merge(
@@ -299,6 +317,9 @@ class Mode(Generic[S]):
 
     name = ""
     own_options: frozenset[str] = frozenset()  # options only this mode takes (others refuse them)
+    # whether one rank's shared arguments score other ranks' samples, so every rank must pass the same ones
+    # (checked in the call's header: ``Call.shared``)
+    shares_arguments = True
 
     def check(self, options: Options) -> None:
         """Raise ``ValueError`` for options this mode cannot run with (at decoration time)."""

@@ -17,7 +17,7 @@ import numpy as np
 from .._batch import rebuild_result, result_columns, take_columns
 from .._codec import decode_frame, decode_value, encode_frame, is_plain
 from .._errors import CodecError, MismatchError, RemoteError
-from .._exchange import SAME_CALLS, Inbound, all_to_all, disagreement, scatter
+from .._exchange import SAME_CALLS, Inbound, all_to_all, scatter
 from .._logs import Logs
 from .._outcome import Error, Outcome, Value
 from .._wire import FAILED, OK, OUTBOUND, CallCheck, ResultChunk, error_blob, split
@@ -111,7 +111,7 @@ class MainMode(GatherMode):
             rest_counts = [len(tails.get(r, b"")) for r in range(w)]
             all_to_all(session, b"".join(tails.values()), rest_counts, [0] * w, OUTBOUND, call.timeout)
         blocks.advance(nxt)
-        if checks is not None and (wrong := disagreement(session, checks, call.description, OUTBOUND, call.timeout)):
+        if checks is not None and (wrong := call.disagreement(checks, OUTBOUND)):
             return wrong
         if error is not None:
             return Error(error)
@@ -134,7 +134,7 @@ class MainMode(GatherMode):
             recv = [rest if s == ROOT else 0 for s in range(w)]
             body += all_to_all(session, b"", [0] * w, recv, OUTBOUND, call.timeout).tobytes()
         blocks.advance(chunk.next_capacity)
-        if checks is not None and (wrong := disagreement(session, checks, call.description, OUTBOUND, call.timeout)):
+        if checks is not None and (wrong := call.disagreement(checks, OUTBOUND)):
             return wrong
         try:
             if (chunk.fp, chunk.seq) != (call.fp, call.seq):

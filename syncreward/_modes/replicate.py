@@ -2,7 +2,8 @@
 
 For cheap, deterministic rewards: no results travel. Two collectives per call in the steady state: the
 inbound exchange (every payload to every rank in the eager chunks) and a status exchange, so a
-function that fails on any rank raises on every rank.
+function that fails on any rank raises on every rank. Each rank scores with its own shared arguments
+and keeps the results of its own samples, so shared arguments are not compared across ranks.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def _to_all(world_size: int) -> np.ndarray:
 
 class ReplicateMode(GatherMode):
     name = "replicate"
+    shares_arguments = False  # every rank scores the whole batch with its own shared arguments, keeps its slice
 
     def route(self, world_size: int) -> np.ndarray:
         return _to_all(world_size)
@@ -63,5 +65,6 @@ class ReplicateMode(GatherMode):
             call.spec.name,
             check=call.check(),
             description=call.description,
+            shared=call.shared,
         )
         return done if isinstance(done, Error) else Value(own)

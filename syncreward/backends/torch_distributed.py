@@ -52,6 +52,11 @@ member:
   distinct process groups with the same members are told apart by ``n`` in the order of their first
   synced call, which every member makes in the same order (every rank makes the same synced calls).
 
+Everything the groups keep in the store lives under that prefix: the arrival records of the set-up
+itself (a member writes one as it starts; a member that gives up names the members without one), the
+arrival records of each exchange and the abort key. So they describe *this* backend's groups: a rank that
+set up the whole job's groups earlier has not thereby arrived at a subgroup's set-up.
+
 Other ranks' state never enters the name. Nothing is registered with torch, so ``destroy_process_group``
 does not know these groups: the backend cache releases them when the job's ``WORLD`` group (or the
 ``process_group``) object is destroyed (``backends._cached``).
@@ -107,6 +112,15 @@ def _agreed_name(kind: str, whole_job: bool, ranks: Sequence[int]) -> str:
         n = counts.get(base, 0)
         counts[base] = n + 1
     return f"{base}/{n}"
+
+
+def _setup_arrival(name: str, global_rank: int) -> str:
+    """The store key a member sets when it starts setting up the groups named ``name``.
+
+    Under the agreed name, not per job: a rank that set up an earlier backend's groups (the whole job's,
+    say) has not arrived at this one's, so the rank that gives up names it.
+    """
+    return f"{name}/arrived-setup/{global_rank}"
 
 
 def _gloo_group(store: Any, rank: int, size: int, timeout: float, ranks: Sequence[int], name: str) -> Any:
@@ -292,11 +306,11 @@ class TorchDistributedBackend:
             raise BackendError(
                 "syncreward found no rendezvous store of the torch.distributed job to set up its gloo groups over"
             )
-        with contextlib.suppress(Exception):  # so that a rank that gives up can say who never came
-            store.set(f"syncreward/arrived-setup/{self._ranks[self._rank]}", "1")
         name = _agreed_name(self.name, self._pg is None, self._ranks)
+        with contextlib.suppress(Exception):  # so that a rank that gives up can say who never came
+            store.set(_setup_arrival(name, self._ranks[self._rank]), "1")
         records = dist.PrefixStore(f"{name}/", store)  # type: ignore[attr-defined]  # the groups' abort record
-        self._await_members(store, records, timeout)
+        self._await_members(store, records, timeout, name)
         try:
             # the rendezvous has no wait loop of ours around it: its own timeout is the user's
             groups = [
@@ -314,7 +328,7 @@ class TorchDistributedBackend:
             self._raise_if_given_up(records, timeout)  # the others gave up on this rank while it connected
             if not _is_timeout(e):
                 raise _translate(e) from e
-            raise self._setup_timed_out(store, records, timeout) from e
+            raise self._setup_timed_out(store, records, timeout, name) from e
         self._store = records
         self._name = name
         log.debug("created syncreward gloo groups %s in %.3fs", name, time.perf_counter() - t0)
@@ -330,7 +344,7 @@ class TorchDistributedBackend:
             log.debug("no rendezvous store available", exc_info=True)
             return None
 
-    def _await_members(self, store: Any, records: Any, timeout: float) -> None:
+    def _await_members(self, store: Any, records: Any, timeout: float, name: str) -> None:
         """Wait (in slices) until every member has made its first synced call, before connecting to them.
 
         A rank that arrives after the others gave up on it learns so from their abort record at once and
@@ -343,11 +357,11 @@ class TorchDistributedBackend:
         pause = 0.002
         while True:
             self._raise_if_given_up(records, timeout)
-            missing = self._missing_at_setup(store)
+            missing = self._missing_at_setup(store, name)
             if not missing:
                 return
             if time.monotonic() >= deadline:
-                raise self._setup_timed_out(store, records, timeout)
+                raise self._setup_timed_out(store, records, timeout, name)
             if waits is None:
                 waits = WaitLog(timeout, started=deadline - timeout)
             elif waits.due():
@@ -370,9 +384,9 @@ class TorchDistributedBackend:
             "exited, crashed or was killed; see its log. The group is now unusable."
         )
 
-    def _setup_timed_out(self, store: Any, records: Any, timeout: float) -> SyncTimeoutError:
+    def _setup_timed_out(self, store: Any, records: Any, timeout: float, name: str) -> SyncTimeoutError:
         """The error of a rank that waited ``timeout`` for the others' first synced call; leaves the abort record."""
-        missing = self._missing_at_setup(store)
+        missing = self._missing_at_setup(store, name)
         with contextlib.suppress(Exception):  # a rank arriving later then says at once that it came too late
             if not records.check(["abort"]):
                 who = f"rank(s) {missing}" if missing else "the other ranks"
@@ -387,11 +401,12 @@ class TorchDistributedBackend:
             missing,
         )
 
-    def _missing_at_setup(self, store: Any) -> list[int]:
+    def _missing_at_setup(self, store: Any, name: str) -> list[int]:
+        """The group ranks that did not start setting up the groups named ``name`` (this set-up, not an earlier one)."""
         if store is None:
             return []
         try:
-            return [r for r, g in enumerate(self._ranks) if not store.check([f"syncreward/arrived-setup/{g}"])]
+            return [r for r, g in enumerate(self._ranks) if not store.check([_setup_arrival(name, g)])]
         except Exception:
             return []
 
