@@ -390,6 +390,10 @@ class ThreadBackend:
         block: np.ndarray = items[root][2][me * size : (me + 1) * size]
         return block
 
+    def abandon(self, reason: str) -> None:
+        """The optional exit hook of :class:`syncreward.Backend`: abort the group, so no rank waits in it."""
+        self.group.abort(reason)
+
 
 def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` threads of this process; return their results.
@@ -449,6 +453,8 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
             failures[r] = f"rank did not finish within {timeout:.0f}s; its stack:\n{stack}"
     if any(t.is_alive() for t in threads):
         group.abort("run_threads gave up")  # releases ranks blocked in an exchange
+    for backend in backends:  # nothing of this run stays behind: syncreward forgets the ranks' sessions
+        _backends._release_backend(backend)
     for r, message in group.violations:
         failures[r] = f"{failures.get(r, '')}exchange protocol violation: {message}\n"
     if failures:
