@@ -415,7 +415,8 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
             running are reported.
 
     Returns:
-        The values ``fn`` returned, in rank order.
+        The values ``fn`` returned, in rank order. Nothing of the run stays behind: syncreward forgets its
+        ranks' backends and sessions when ``run_threads`` returns (or raises).
 
     Raises:
         RanksFailed: a rank raised or did not finish in time, or a rank broke the exchange protocol; holds
@@ -446,6 +447,8 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
             t.join(max(0.0, deadline - time.monotonic()))
     finally:
         _backends._thread_ranks(-1)
+        for backend in backends:  # nothing of this run stays behind: syncreward forgets the ranks' sessions
+            _backends._release_backend(backend)
     frames = sys._current_frames()
     for r, t in enumerate(threads):
         if t.is_alive():
@@ -453,8 +456,6 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
             failures[r] = f"rank did not finish within {timeout:.0f}s; its stack:\n{stack}"
     if any(t.is_alive() for t in threads):
         group.abort("run_threads gave up")  # releases ranks blocked in an exchange
-    for backend in backends:  # nothing of this run stays behind: syncreward forgets the ranks' sessions
-        _backends._release_backend(backend)
     for r, message in group.violations:
         failures[r] = f"{failures.get(r, '')}exchange protocol violation: {message}\n"
     if failures:

@@ -109,3 +109,47 @@ def test_exit_hook_abandons_a_call_waiting_for_a_peer_under_the_thread_double() 
     with pytest.raises(syncreward.GroupBrokenError, match="rank 0 is exiting"):
         asyncio.run(reward(["b"]))
     syncreward.backends._release_backend(b0)
+
+
+class _Work:
+    def __init__(self) -> None:
+        self.done = False
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
+class _Group:
+    def __init__(self) -> None:
+        self.shut = False
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def test_exit_release_never_destroys_a_group_under_a_running_collective(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gloo's destructor joins a collective still running (until its own timeout): such a group is kept
+    until the collective ends, then destroyed; at exit it is leaked (its destructor never runs)."""
+    import sys
+
+    from syncreward.backends import torch_distributed as td
+
+    monkeypatch.setattr(td, "_abandoned", [])
+    busy, work = _Group(), _Work()
+    td._dispose([busy], [work, None])
+    assert not busy.shut
+    assert td._abandoned == [([busy], [work])]
+    work.done = True
+    idle = _Group()
+    td._dispose([idle], [None, None])  # the next release sweeps the ones whose collective ended
+    assert busy.shut
+    assert idle.shut
+    assert td._abandoned == []
+
+    monkeypatch.setattr(td, "_exiting", True)
+    leaked = _Group()
+    refs = sys.getrefcount(leaked)
+    td._dispose([leaked], [_Work()])
+    assert not leaked.shut
+    assert td._abandoned == []
+    assert sys.getrefcount(leaked) == refs + 1  # one reference nobody drops: never destroyed

@@ -199,7 +199,8 @@ def _on_exit() -> None:
         _abandoned.clear()
 
 
-threading._register_atexit(_on_exit)  # type: ignore[attr-defined]
+with contextlib.suppress(RuntimeError):  # imported while the interpreter is already exiting: too late to register
+    threading._register_atexit(_on_exit)  # type: ignore[attr-defined]
 
 
 # ============================================================================================ failure table
