@@ -21,7 +21,8 @@ joins a gloo job on a free port and runs one rank of a scenario:
     no fault: every rank ends after its last call (the floor of the exit times).
 
 Each rank writes JSON lines to its stdout: ``{"event": "raised", "t": ..., "type": ..., "message": ...}``
-when its call raises, ``{"event": "in_flight", "t": ...}`` when its call is waiting. :func:`launch`
+when its call raises, ``{"event": "in_flight", "t": ...}`` when its call is waiting, ``exit_hooks_done``
+once the exit hooks ran. :func:`launch`
 returns per rank what it wrote, its exit status, its stderr tail and ``exit_s``: seconds from the fault
 (the raise on that rank, or the signal) to the end of the process.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -181,8 +183,9 @@ def launch(
     Returns:
         Per rank: ``events`` (by name), ``returncode``, ``stderr`` (its tail), ``killed_by_launcher``,
         ``exit_s`` (seconds from this rank's fault -- its own ``fault`` event, the signal sent to it, or
-        else its raise -- to the end of its process) and ``error_s`` (from the job's first fault to this
-        rank's raise).
+        else its raise -- to the end of its process), ``hooks_s`` (from the same fault to the end of the
+        exit hooks, syncreward's and torch's: the rest is the interpreter's teardown) and ``error_s``
+        (from the job's first fault to this rank's raise).
     """
     import syncreward
     from syncreward.testing import free_port
@@ -238,6 +241,7 @@ def launch(
                 "events": ev,
                 "returncode": p.returncode,
                 "exit_s": None if (r not in ended or own is None) else ended[r] - own,
+                "hooks_s": None if ("exit_hooks_done" not in ev or own is None) else ev["exit_hooks_done"]["t"] - own,
                 "error_s": None if (raised is None or t_fault is None) else raised - t_fault,
                 "killed_by_launcher": r not in ended,
                 "stderr": (tmp / f"{r}.err").read_text()[-4000:],
@@ -256,4 +260,7 @@ if __name__ == "__main__":
     a = parser.parse_args()
     with contextlib.suppress(AttributeError):
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # registered before syncreward and torch are imported, so it runs after their exit hooks: what is left
+    # after it is the interpreter's own teardown
+    atexit.register(_emit, "exit_hooks_done")
     _rank_main(a.scenario, a.rank, a.world_size, a.timeout, a.late)

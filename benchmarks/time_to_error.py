@@ -11,9 +11,11 @@ starts them), with ``timeout=12``: a rank's main thread raises, calls ``sys.exit
 its synced call waits for a peer that never comes; a timeout (3 ranks: one hung, one 7 s late), also
 followed by ``destroy_process_group()``; a peer killed inside the reward; and no fault at all, the floor
 (how long a process of this job takes to end after its last call). Prints, per fault and rank, the
-seconds from the fault (or the rank's own error) to the end of its process, and from the fault to the
-rank's error. ``--compare DIR`` runs every launch a second time, interleaved, with the syncreward package
-found in ``DIR`` (e.g. ``git archive <commit> syncreward | tar -x -C DIR``).
+seconds from the fault (or the rank's own error) to the end of its process; to the end of the exit
+hooks (syncreward's and torch's: what follows is the interpreter's own teardown, which takes as long
+with no fault); and from the fault to the rank's error. ``--compare DIR`` runs every launch a second
+time, interleaved, with the syncreward package found in ``DIR`` (e.g. ``git archive <commit>
+syncreward | tar -x -C DIR``).
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ def time_to_exit(repeats: int, compare: str | None, limit: float) -> None:
                         continue  # never ends by itself: killed by the launcher
                     if scenario == "killed_peer" and r["rank"] == 1:
                         continue  # os._exit: it ends at once
-                    row = rows.setdefault((label, name, r["rank"]), {"exit": [], "error": []})
+                    row = rows.setdefault((label, name, r["rank"]), {"exit": [], "hooks": [], "error": []})
                     row["exit"].append(None if r["killed_by_launcher"] else r["exit_s"])
+                    row["hooks"].append(None if r["killed_by_launcher"] else r["hooks_s"])
                     row["error"].append(r["error_s"])
                     for text in ("terminate called", "core dumped", "Fatal Python error"):
                         if text in r["stderr"]:
@@ -110,10 +113,11 @@ def time_to_exit(repeats: int, compare: str | None, limit: float) -> None:
         f"\ntime to exit after a fault, timeout={EXIT_TIMEOUT_S:g}s, {repeats} repeats, seconds "
         f"(median, max; 'killed': still running at the {limit:g}s limit)"
     )
-    print(f"  {'fault':42s} {'copy':4s} {'rank':4s} {'fault -> exit':>26s} {'fault -> error':>26s}")
+    head = f"{'fault -> exit':>26s} {'fault -> exit hooks done':>26s} {'fault -> error':>26s}"
+    print(f"  {'fault':42s} {'copy':4s} {'rank':4s} {head}")
     for (label, name, rank), row in rows.items():
-        error = _fmt(row["error"]) if any(v is not None for v in row["error"]) else "-"
-        print(f"  {label:42s} {name:4s} {rank:4d} {_fmt(row['exit']):>26s} {error:>26s}")
+        cells = [_fmt(row[k]) if any(v is not None for v in row[k]) else "-" for k in ("exit", "hooks", "error")]
+        print(f"  {label:42s} {name:4s} {rank:4d} " + " ".join(f"{c:>26s}" for c in cells))
     for note in notes:
         print("  NOTE:", note)
 
