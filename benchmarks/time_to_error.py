@@ -94,7 +94,7 @@ def time_to_exit(repeats: int, compare: str | None, limit: float) -> None:
     notes: list[str] = []
     for i in range(repeats):
         for label, scenario, opts in EXIT_FAULTS:
-            for name, path in copies:  # interleaved: the same load for both
+            for name, path in copies if i % 2 == 0 else copies[::-1]:  # interleaved, each first in turn
                 results = launch(scenario, timeout=EXIT_TIMEOUT_S, limit=limit, pythonpath=path, **opts)
                 for r in results:
                     if r["rank"] in opts.get("hung", set()) or (scenario.startswith("timeout") and r["rank"] == 2):
