@@ -311,7 +311,7 @@ class TorchDistributedBackend:
         self._init_lock = threading.Lock()
         self._works: list[Any] = [None, None]  # per channel: its last collective, until it completed here
         self._pid = os.getpid()
-        self._abandoned: str | None = None  # why this process abandoned its exchanges (it is exiting)
+        self._leaving: str | None = None  # why this process abandoned its exchanges (it is exiting)
         self._waiting = 0  # threads inside _wait
         self._waiting_cv = threading.Condition()
 
@@ -352,7 +352,7 @@ class TorchDistributedBackend:
         """
         if os.getpid() != self._pid:  # a forked child: the parent's exchanges are not ours to abandon
             return
-        self._abandoned = reason
+        self._leaving = reason
         deadline = time.monotonic() + _ABANDON_WAIT_S
         with self._waiting_cv:
             while self._waiting and time.monotonic() < deadline:
@@ -360,7 +360,7 @@ class TorchDistributedBackend:
 
     def _leave(self) -> NoReturn:
         """This rank abandoned its exchange (it is exiting): tell the peers, raise."""
-        reason = self._abandoned or "this rank abandoned the exchange"
+        reason = self._leaving or "this rank abandoned the exchange"
         if self._store is not None:
             with contextlib.suppress(Exception):
                 self._store.set("abort", f"F{reason} while a synced call was in flight")
@@ -502,7 +502,7 @@ class TorchDistributedBackend:
 
     def _begin(self, channel: int, timeout: float) -> Any:
         """The channel's gloo group, once this rank has checked that the others did not give up on it."""
-        if self._abandoned is not None:
+        if self._leaving is not None:
             self._leave()
         group = self._channel(channel, timeout)
         if time.monotonic() - self._last_done > timeout / 2 and self._check_peers():
@@ -541,7 +541,7 @@ class TorchDistributedBackend:
             except RuntimeError as e:
                 if _WORK_TIMEOUT_MESSAGE not in str(e):
                     self._fail(e)
-            if self._abandoned is not None:
+            if self._leaving is not None:
                 self._leave()
             if slice_s != _POLL_S:
                 slice_s = _POLL_S
