@@ -286,12 +286,13 @@ def _abandon(
 def leave(reason: str) -> int:
     """This process is leaving: abandon every synced call still in flight, marking its group broken.
 
-    Each session with a call in flight breaks its latch with ``reason`` (``"the process is exiting"``):
-    every step still waiting for its turn fails at once, and no later call starts. A step already inside
-    an exchange ends by the backend's own deadline, or at once where a peer's abort is seen. For the
-    exit hooks; returns how many sessions were busy.
+    Each session with a call in flight is abandoned with ``reason`` (``"the process is exiting"``,
+    :meth:`Session.abandon`): its latch breaks, so every step still waiting for its turn fails at once and
+    no later call starts, and its backend, where it can, ends every exchange in progress at once and tells
+    the peers why. Interpreter exit does the same for every session (``_session._abandon_all``); returns
+    how many sessions were busy.
     """
     busy = [session for session in live_sessions() if session.busy()]
     for session in busy:
-        session.break_(reason)
+        session.abandon(reason)
     return len(busy)

@@ -24,6 +24,11 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
   loop thread while an async call on that loop is pending);
 * the **process** it was created in: a forked child (a ``fork`` DataLoader worker) gets a clear error
   and never touches the parent's groups.
+
+At interpreter exit (threading's exit hook, before the non-daemon workers are joined) every session of
+this process is abandoned (:meth:`Session.abandon`): its latch breaks ("rank 0 is exiting"), every
+waiting step fails, and the backend's optional ``abandon(reason)`` makes the exchanges in progress return
+(the peers then raise with that reason), so no exit waits on a peer.
 """
 
 from __future__ import annotations
@@ -357,6 +362,18 @@ class Session:
         for t in self.turns:
             t.wake_all()
 
+    def abandon(self, reason: str) -> None:
+        """This process is leaving: break the latch, and let no exchange in progress wait on a peer.
+
+        A backend may offer ``abandon(reason)``: every exchange in progress or started later raises at
+        once (the torch backend tells the peers ``reason``; the thread backend aborts its group).
+        """
+        self.break_(reason)
+        abandon = getattr(self.backend, "abandon", None)
+        if abandon is not None:
+            with contextlib.suppress(Exception):  # at exit: one backend's failure must not keep the others
+                abandon(reason)
+
     # ------------------------------------------------------------------------------------------ steps
 
     def _guarded(
@@ -471,7 +488,22 @@ _registry_lock = threading.Lock()
 @on_release
 def _forget_session(backend: Any) -> None:
     """A released backend's session goes too (it references the backend, so the weak key would never go)."""
-    _sessions.pop(backend, None)
+    with contextlib.suppress(TypeError):  # not weakly referenceable: kept in _strong
+        _sessions.pop(backend, None)
+    with _registry_lock:
+        entry = _strong.get(id(backend))
+        if entry is not None and entry[0] is backend:
+            del _strong[id(backend)]
+
+
+def _abandon_all() -> None:
+    """Interpreter exit: abandon every session this process created (see the module docstring)."""
+    for session in live_sessions():
+        if session.pid == os.getpid():  # a forked child leaves its parent's groups alone
+            session.abandon(f"rank {session.rank} is exiting")
+
+
+threading._register_atexit(_abandon_all)  # type: ignore[attr-defined]  # runs before the workers are joined
 
 
 def live_sessions() -> list[Session]:

@@ -424,6 +424,10 @@ class ThreadBackend:
         block: np.ndarray = items[root][2][me * size : (me + 1) * size]
         return block
 
+    def abandon(self, reason: str) -> None:
+        """The optional exit hook of :class:`syncreward.Backend`: abort the group, so no rank waits in it."""
+        self.group.abort(reason)
+
 
 def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` threads of this process; return their results.
@@ -445,7 +449,8 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
             running are reported.
 
     Returns:
-        The values ``fn`` returned, in rank order.
+        The values ``fn`` returned, in rank order. Nothing of the run stays behind: syncreward forgets its
+        ranks' backends and sessions when ``run_threads`` returns (or raises).
 
     Raises:
         RanksFailed: a rank raised or did not finish in time, or a rank broke the exchange protocol; holds
@@ -476,6 +481,8 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
             t.join(max(0.0, deadline - time.monotonic()))
     finally:
         _backends._thread_ranks(-1)
+        for backend in backends:  # nothing of this run stays behind: syncreward forgets the ranks' sessions
+            _backends._release_backend(backend)
     frames = sys._current_frames()
     for r, t in enumerate(threads):
         if t.is_alive():

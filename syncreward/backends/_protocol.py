@@ -28,6 +28,12 @@ class Backend(Protocol):
     ranks pass an empty array) and every rank returns its block. ``mode="main"`` then sends its results
     in it (W - 1 messages); without it, the same bytes go through ``all_to_all``.
 
+    A backend may also offer ``abandon(reason)``: from then on every exchange in progress or started
+    later raises at once (the peers waiting in it should learn ``reason``). syncreward calls it at
+    interpreter exit (``reason`` is ``"rank 0 is exiting"``), before the worker threads are joined, so
+    that no process's exit waits on a peer; without it, a worker waiting in an exchange holds the exit
+    until the exchange's ``timeout``.
+
     Example:
         A third-party backend needs no base class (this one is a group of one rank):
 

@@ -60,13 +60,31 @@ set up the whole job's groups earlier has not thereby arrived at a subgroup's se
 Other ranks' state never enters the name. Nothing is registered with torch, so ``destroy_process_group``
 does not know these groups: the backend cache releases them when the job's ``WORLD`` group (or the
 ``process_group``) object is destroyed (``backends._cached``).
+
+Leaving
+-------
+A process's exit never waits on a peer. Two things could make it:
+
+* a thread waiting in an exchange. At interpreter exit the session calls :meth:`abandon` (before
+  threading joins the non-daemon workers): every wait returns within one slice (``_POLL_S``), records in
+  the abort key that this rank is exiting, so the peers raise at once, and raises;
+* gloo's destructor. ``~ProcessGroupGloo`` joins its run-loop threads, and a thread still inside an
+  abandoned collective (the rank gave up at ``timeout``, or a peer's failure was seen first) stays there
+  until the peers answer or the collective's own timeout (``timeout`` + ``_GLOO_MARGIN_S``) expires:
+  neither ``abort()`` nor ``shutdown()`` of a gloo group interrupts it in torch 2.13 (measured: both
+  return at once and the collective still waits for its peer). So a released group whose last collective
+  is still running is never destroyed while it runs: it waits in ``_abandoned`` until the collective
+  ends, and at exit it is leaked on purpose (its destructor never runs; the process's end closes its
+  sockets, which is what the peers see).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import logging
+import os
 import threading
 import time
 import weakref
@@ -95,6 +113,8 @@ _POLL_S = 0.2  # how often a waiting rank looks for an abort from a peer
 _GRACE_S = 0.25  # after timeout=: how long a rank that gives up waits for ranks that arrived just now to report
 _GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
 _WORK_TIMEOUT_MESSAGE = "Operation timed out!"  # c10d::Work::wait(timeout) when the slice expires
+
+_ABANDON_WAIT_S = 1.0  # at exit: how long abandon() waits for the threads in this backend's exchanges to leave
 
 # per job (its WORLD group object): how many backends set up groups for each (kind, scope, ranks) so far
 _creations: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
@@ -131,6 +151,79 @@ def _gloo_group(store: Any, rank: int, size: int, timeout: float, ranks: Sequenc
         options.global_ranks_in_group = list(ranks)
         options.group_name = name
     return group
+
+
+# Released groups whose last collective is still running inside gloo (see "Leaving" in the module
+# docstring): (groups, their running works). Destroyed once the works end; leaked at exit.
+_abandoned: list[tuple[list[Any], list[Any]]] = []
+_abandoned_lock = threading.Lock()
+_exiting = False  # the interpreter is exiting: a group still running a collective is leaked, never destroyed
+
+
+def _running(works: Sequence[Any]) -> list[Any]:
+    """The works of ``works`` that gloo is still running."""
+    running = []
+    for work in works:
+        try:
+            done = work is None or work.is_completed()
+        except Exception:
+            done = True
+        if not done:
+            running.append(work)
+    return running
+
+
+def _destroy(groups: Sequence[Any]) -> None:
+    """Stop gloo's threads of ``groups`` now (idle groups only: see ``_dispose``)."""
+    for group in groups:
+        # as destroy_process_group() does for the groups it knows: stop gloo's threads now, not in a
+        # destructor that may run at interpreter teardown (where it aborts the process)
+        shutdown = getattr(group, "shutdown", None)
+        if shutdown is not None:
+            with contextlib.suppress(Exception):
+                shutdown()
+
+
+def _leak(groups: Sequence[Any]) -> None:
+    """Never run the destructors of ``groups``: one more reference, never dropped (not even at teardown)."""
+    for group in groups:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+
+
+def _dispose(groups: list[Any], works: Sequence[Any]) -> None:
+    """Let go of a released backend's ``groups``, whose last collectives were ``works``.
+
+    Idle groups are destroyed now. Destroying a group that still runs a collective would wait for it
+    (up to its timeout): such groups wait in ``_abandoned`` until it ends, or are leaked at exit.
+    """
+    running = _running(works)
+    with _abandoned_lock:
+        kept = [(g, w) for g, w in _abandoned if _running(w)]  # finished ones go now (below)
+        done = [g for g, w in _abandoned if not _running(w)]
+        if running and _exiting:
+            _leak(groups)
+        elif running:
+            kept.append((groups, running))
+        else:
+            done.append(groups)
+        _abandoned[:] = kept
+    for gs in done:
+        _destroy(gs)
+
+
+def _on_exit() -> None:
+    """Interpreter exit (before threading joins its non-daemon threads): from now on, leak, never wait."""
+    global _exiting
+    with _abandoned_lock:
+        _exiting = True
+        for groups, works in _abandoned:
+            if _running(works):
+                _leak(groups)
+        _abandoned.clear()
+
+
+with contextlib.suppress(RuntimeError):  # imported while the interpreter is already exiting: too late to register
+    threading._register_atexit(_on_exit)  # type: ignore[attr-defined]
 
 
 # ============================================================================================ failure table
@@ -253,6 +346,11 @@ class TorchDistributedBackend:
         self._ops = [0, 0]
         self._last_done = time.monotonic()
         self._init_lock = threading.Lock()
+        self._works: list[Any] = [None, None]  # per channel: its last collective, until it completed here
+        self._pid = os.getpid()
+        self._leaving: str | None = None  # why this process abandoned its exchanges (it is exiting)
+        self._waiting = 0  # threads inside _wait
+        self._waiting_cv = threading.Condition()
 
     @property
     def rank(self) -> int:
@@ -270,19 +368,43 @@ class TorchDistributedBackend:
     def release(self) -> None:
         """Drop the gloo groups (their sockets and threads go with them); a later call on this backend raises.
 
-        Called when the job (or the process group) this backend was made for is destroyed, and at exit.
+        Called when the job (or the process group) this backend was made for is destroyed, and at exit. It
+        never waits for a collective still running in gloo (see "Leaving" in the module docstring).
         """
         with self._init_lock:
             self._released = True
             groups, self._groups = self._groups, None
             self._store = None
-        for group in groups or ():
-            # as destroy_process_group() does for the groups it knows: stop gloo's threads now, not in a
-            # destructor that may run at interpreter teardown (where it aborts the process)
-            shutdown = getattr(group, "shutdown", None)
-            if shutdown is not None:
-                with contextlib.suppress(Exception):
-                    shutdown()
+            works, self._works = self._works, [None, None]
+        if groups:
+            _dispose(groups, works)
+
+    def abandon(self, reason: str) -> None:
+        """Stop waiting for the peers: every exchange in progress, or started later, raises at once.
+
+        The session calls it at interpreter exit (``reason``: ``rank 0 is exiting``) so that no thread of
+        this process waits on a peer. A rank abandoned inside an exchange records ``reason`` in the abort
+        key, and the peers waiting with it raise :class:`~syncreward.CommunicationError` with it. Returns
+        once no thread waits in this backend's exchanges (at most ``_ABANDON_WAIT_S``).
+        """
+        if os.getpid() != self._pid:  # a forked child: the parent's exchanges are not ours to abandon
+            return
+        self._leaving = reason
+        deadline = time.monotonic() + _ABANDON_WAIT_S
+        with self._waiting_cv:
+            while self._waiting and time.monotonic() < deadline:
+                self._waiting_cv.wait(max(deadline - time.monotonic(), 0.0))
+
+    def _leave(self) -> NoReturn:
+        """This rank abandoned its exchange (it is exiting): tell the peers, raise."""
+        reason = self._leaving or "this rank abandoned the exchange"
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._store.set("abort", f"F{reason} while a synced call was in flight")
+        raise CommunicationError(
+            f"{reason}: this rank's exchange was abandoned. HINT: the process is ending (an exception, sys.exit or "
+            "a signal in its main thread); the group is now unusable."
+        )
 
     def _channel(self, channel: int, timeout: float) -> Any:
         groups = self._groups
@@ -471,6 +593,8 @@ class TorchDistributedBackend:
 
     def _begin(self, channel: int, timeout: float) -> Any:
         """The channel's gloo group, once this rank has checked that the others did not give up on it."""
+        if self._leaving is not None:
+            self._leave()
         group = self._channel(channel, timeout)
         if time.monotonic() - self._last_done > timeout / 2 and self._check_peers():
             # the others gave up on this rank while it was away: raise with them, never complete the exchange
@@ -483,8 +607,21 @@ class TorchDistributedBackend:
         """Wait for ``work`` until ``timeout``, in slices; a rank waiting past the first slice says it arrived.
 
         The arrival record (one store write per wait that lasts) lets a rank that gives up at ``timeout``
-        name the missing ranks at once, instead of waiting for the ones that did arrive to report.
+        name the missing ranks at once, instead of waiting for the ones that did arrive to report. Until
+        ``work`` completes here it counts as running (``release`` never destroys its group under it).
         """
+        self._works[channel] = work
+        with self._waiting_cv:
+            self._waiting += 1
+        try:
+            self._wait_slices(work, channel, timeout)
+        finally:
+            with self._waiting_cv:
+                self._waiting -= 1
+                self._waiting_cv.notify_all()
+        self._works[channel] = None
+
+    def _wait_slices(self, work: Any, channel: int, timeout: float) -> None:
         op = self._ops[channel] = self._ops[channel] + 1
         deadline = time.monotonic() + timeout
         slice_s = 0.02
@@ -496,6 +633,8 @@ class TorchDistributedBackend:
             except RuntimeError as e:
                 if _WORK_TIMEOUT_MESSAGE not in str(e):
                     self._fail(e)
+            if self._leaving is not None:
+                self._leave()
             if waits is None:
                 slice_s = _POLL_S
                 self._mark_arrived(channel, op)
