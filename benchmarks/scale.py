@@ -46,7 +46,7 @@ if str(HERE) not in sys.path:
 MODES = ("main", "replicate", "shard", "step3")
 # replicate's status row: [status, blob bytes, *CallCheck] int64 (fingerprint, seq, step, shared digest, desc bytes)
 HEADER_ROW_STATUS = 7 * 8
-SHARD_EMPTY_FRAME = 88  # shard: the result frame a scoring rank sends a rank it scored nothing for (keys + logs)
+SHARD_EMPTY_FRAME = 112  # shard: the result frame a scoring rank sends a rank it scored nothing for (keys, logs, count)
 TRL_FRAME = 197_024  # one rank's frame of the benchmark `trl` payload (64 completions of ~1 KB + ~250 ids)
 TRL_RESULT_CAP = 8 * 64 * 2  # order of one rank's result block for 64 floats (only its growth with W matters)
 
