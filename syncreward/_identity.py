@@ -13,7 +13,8 @@ the name its script was imported under, the path its code lives at -- enters it:
   the public plain attributes of a callable instance or of a bound method's object, less every entry
   whose name is private (``_cache``) or says it is placed per rank (``device``, ``local_rank``,
   ``process_index``, ``seed``; a device string such as ``"cuda:3"`` counts as ``<device>``) -- and
-  the ``__name__`` of the synced wrapper, read at each call. Plain values are written out by
+  the ``__name__`` of the synced wrapper, read at each call; a lambda's or ``exec``'d function's
+  name also carries a digest of its code (:func:`code_digest`). Plain values are written out by
   :func:`plain_repr`, which never includes a memory address, a ``set``'s order or an object's
   ``repr()``; other values stand for their type's name only. So two rewards that differ only in
   non-plain state (two instances holding different models) are not told apart.
@@ -195,7 +196,12 @@ def features(fn: Any) -> tuple[str, dict[str, str]]:
             found[f"closure.{name}"] = config_repr(cell.cell_contents)  # a factory's make_reward(target=10)
     if configured is not None:
         found.update(_attributes(configured))
-    return _qualified(target), found
+    qualified = _qualified(target)
+    if code is not None and ("<lambda>" in qualified or getattr(code, "co_filename", "").startswith("<")):
+        # lambdas (reward_funcs=[lambda ...: ..., lambda ...: ...]) and exec'd functions share one name and
+        # often no configuration: their code tells them apart
+        qualified += f"#{code_digest(code)}"
+    return qualified, found
 
 
 class Identity:
@@ -213,7 +219,7 @@ class Identity:
     def __init__(self, fn: Any, display_name: str) -> None:
         base, found = features(fn)
         self._base = base + ("[" + ", ".join(f"{k}={v}" for k, v in found.items()) + "]" if found else "")
-        self._short = base.rsplit(".", 1)[-1]  # the name a reward is logged by unless it is renamed
+        self._short = base.split("#", 1)[0].rsplit(".", 1)[-1]  # the name it is logged by unless renamed
         self._named: Any = None
         self._name = display_name
         self._key = self._compute(display_name)

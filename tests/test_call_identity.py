@@ -575,3 +575,44 @@ def test_call_site_of_a_task_is_the_event_loop() -> None:
         return await asyncio.gather(probe())
 
     assert [s.key for s in asyncio.run(main())] == ["<an event loop task or a thread pool>"]
+
+
+# Two lambda rewards (TRL's reward_funcs=[lambda ...: ..., lambda ...: ...]) share one qualified name,
+# ``<lambda>``, and have no configuration: only their code tells them apart.
+_LAMBDA_REWARDS = (
+    synced_reward(lambda completions, **kw: [1.0] * len(completions), timeout=60),
+    synced_reward(lambda completions, **kw: [2.0] * len(completions), timeout=60),
+)
+
+
+def _lambda_rewards_body(rank: int, world_size: int) -> list[tuple[str, Any]]:
+    first, second = _LAMBDA_REWARDS
+    return [outcome(f, completions=["x"] * (rank + 1))[:2] for f in ((first, second) if rank == 0 else (second, first))]
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_two_lambda_rewards_called_in_another_order_raise_on_every_rank(runner: str) -> None:
+    results = _run(runner, _lambda_rewards_body)
+    assert _kinds(results) == [["MismatchError"] * 2] * 2, results
+
+
+def test_a_lambda_rewards_identity_is_the_same_in_every_process(tmp_path: Any) -> None:
+    """The lambda's part of the identity is a digest of its code: equal across processes (hash salts)."""
+    script = tmp_path / "lam.py"
+    script.write_text(
+        "from syncreward._identity import Identity\n"
+        "f = lambda completions, **kw: [len(c) in {1, 2, 3} for c in completions]\n"
+        "print(Identity(f, f.__name__).key())\n"
+    )
+    keys = {
+        subprocess.run(
+            [sys.executable, str(script)],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(keys) == 1, keys
+    assert "<lambda>#" in keys.pop()
