@@ -39,6 +39,7 @@ import inspect
 import os
 import re
 import threading
+import weakref
 from types import FrameType
 from typing import Any
 
@@ -52,6 +53,7 @@ __all__ = [
     "features",
     "innermost",
     "module_name",
+    "owner_config",
     "plain_repr",
     "reward_target",
 ]
@@ -214,10 +216,20 @@ class Identity:
     tells two otherwise equal judges apart.
     """
 
-    __slots__ = ("_base", "_key", "_name", "_named", "_short")
+    __slots__ = ("_base", "_key", "_name", "_named", "_short", "method")
 
     def __init__(self, fn: Any, display_name: str) -> None:
         base, found = features(fn)
+        # a method decorated in its class body: the object it is called on configures it (:func:`owner_config`)
+        code = getattr(fn, "__code__", None)
+        self.method = bool(
+            inspect.isfunction(fn)
+            and code is not None
+            and code.co_argcount >= 1
+            and code.co_varnames[0] == "self"
+            and "." in fn.__qualname__
+            and not fn.__qualname__.endswith("<locals>." + fn.__name__)
+        )
         self._base = base + ("[" + ", ".join(f"{k}={v}" for k, v in found.items()) + "]" if found else "")
         self._short = base.split("#", 1)[0].rsplit(".", 1)[-1]  # the name it is logged by unless renamed
         self._named: Any = None
@@ -240,6 +252,33 @@ class Identity:
     def _compute(self, name: Any) -> str:
         text = self._base if name == self._short else f"{self._base} named {plain_repr(name)}"
         return text if len(text) <= MAX_REPR else f"{text[:MAX_REPR]}...<{len(text)} chars>"
+
+
+_owners: dict[int, tuple[Any, str]] = {}  # id(object) -> (a weak reference to it, its configuration)
+
+
+def owner_config(obj: Any) -> str:
+    """The configuration of the object a method decorated in its class body is called on, as ``[.k=v, ...]``.
+
+    Like a callable instance's (:func:`features`), taken once per object -- at its first synced call, before
+    any rank has scored with it -- so state the method changes later (a call counter, on the scoring rank
+    only) never enters it.
+    """
+    entry = _owners.get(id(obj))
+    if entry is not None and entry[0]() is obj:
+        return entry[1]  # type: ignore[no-any-return]
+    attrs = _attributes(obj)
+    text = "[" + ", ".join(f"{k}={v}" for k, v in attrs.items()) + "]" if attrs else ""
+    try:
+        ref = weakref.ref(obj)
+    except TypeError:  # not weakly referenceable (slots without __weakref__): taken at every call
+        return text
+    if len(_owners) >= 4096:
+        for key in [k for k, (r, _) in _owners.items() if r() is None]:
+            _owners.pop(key, None)
+    if len(_owners) < 4096:
+        _owners[id(obj)] = (ref, text)
+    return text
 
 
 # --------------------------------------------------------------------------------------------- call site

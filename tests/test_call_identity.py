@@ -616,3 +616,36 @@ def test_a_lambda_rewards_identity_is_the_same_in_every_process(tmp_path: Any) -
     }
     assert len(keys) == 1, keys
     assert "<lambda>#" in keys.pop()
+
+
+class MethodJudge:
+    """Rewards as methods decorated in the class body: ``self`` reaches the function as an argument."""
+
+    def __init__(self, target: int, rank: int = 0) -> None:
+        self.target = target
+        self.device = f"cuda:{rank}"  # placed per rank: not part of the identity
+        self.calls = 0  # changed by the method, on the scoring rank only (mode='main')
+
+    @synced_reward(timeout=60)
+    def score(self, completions: list[str], **kwargs: Any) -> list[float]:
+        self.calls += 1
+        return [float(self.target) + len(completions)] * len(completions)
+
+
+def _method_judges_body(rank: int, world_size: int) -> list[tuple[str, Any]]:
+    ten, twenty = MethodJudge(10, rank), MethodJudge(20, rank)
+    swapped = [
+        outcome(j.score, completions=["x"] * (rank + 1))[:2] for j in ((ten, twenty) if rank == 0 else (twenty, ten))
+    ]
+    in_step = [outcome(j.score, completions=["x"] * (rank + 1))[:2] for j in (ten, ten, twenty)]
+    return swapped + in_step
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_method_decorated_in_its_class_is_configured_by_its_object(runner: str) -> None:
+    """Two objects of one class called in another order raise; the same order pairs, whatever the method changes."""
+    results = _run(runner, _method_judges_body)
+    assert _kinds(results) == [["MismatchError"] * 2 + ["ok"] * 3] * 2, results
+    assert "self[.target=10" in results[1][0][1]
+    assert "self[.target=20" in results[1][0][1]
+    assert [v for _, v in results[1][2:]] == [[13.0, 13.0], [13.0, 13.0], [23.0, 23.0]], results
