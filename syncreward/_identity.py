@@ -10,7 +10,8 @@ the name its script was imported under, the path its code lives at -- enters it:
 * :class:`Identity`: the module and qualified name of the function (or the callable instance's class;
   the script's module is ``__main__`` in every process, ``__mp_main__`` included), its configuration
   taken when it is decorated -- a ``functools.partial``'s plain arguments, a closure's captured values,
-  the public plain attributes of a callable instance or of a bound method's object, less every entry
+  the public plain attributes of a callable instance or of a bound method's object (for a method
+  decorated in its class body, of the object it is called on: :func:`owner_config`), less every entry
   whose name is private (``_cache``) or says it is placed per rank (``device``, ``local_rank``,
   ``process_index``, ``seed``; a device string such as ``"cuda:3"`` counts as ``<device>``) -- and
   the ``__name__`` of the synced wrapper, read at each call; a lambda's or ``exec``'d function's
