@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import enum
 import functools
 import hashlib
 import inspect
@@ -101,6 +102,8 @@ def _repr(value: Any, depth: int, config: bool) -> str:
         items = ", ".join(f"{k}={_repr(value[k], depth + 1, config)}" for k in keys[:_MAX_ITEMS])
         more = f", ...<{len(keys)} keys>" if len(keys) > _MAX_ITEMS else ""
         return f"{{{items}{more}}}"
+    if isinstance(value, enum.Enum):  # Mode.STRICT: its name is the same in every process (its value may not be)
+        return f"<{type(value).__qualname__}.{value.name}>"
     return f"<{type(value).__qualname__}>"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import gc
 import importlib.util
@@ -649,3 +650,24 @@ def test_a_method_decorated_in_its_class_is_configured_by_its_object(runner: str
     assert "self[.target=10" in results[1][0][1]
     assert "self[.target=20" in results[1][0][1]
     assert [v for _, v in results[1][2:]] == [[13.0, 13.0], [13.0, 13.0], [23.0, 23.0]], results
+
+
+class Strictness(enum.Enum):
+    LENIENT = object()  # a value with a memory address: only the member's name is the same on every rank
+    STRICT = object()
+
+
+class EnumJudge:
+    def __init__(self, strictness: Strictness) -> None:
+        self.strictness = strictness
+
+    def __call__(self, completions: list[str], **kwargs: Any) -> list[float]:
+        return [float(self.strictness is Strictness.STRICT) + len(completions)] * len(completions)
+
+
+def test_two_instances_configured_by_an_enum_called_in_another_order_raise_on_every_rank() -> None:
+    lenient = synced_reward(EnumJudge(Strictness.LENIENT), timeout=30)
+    strict = synced_reward(EnumJudge(Strictness.STRICT), timeout=30)
+    results = _swapped(lenient, strict)
+    _every_rank_raised(results)
+    assert "<Strictness.STRICT>" in results[1][0][1]
