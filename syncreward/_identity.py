@@ -68,7 +68,8 @@ def plain_repr(value: Any, depth: int = 0) -> str:
     """A representation of ``value`` that is the same in every process running the same program.
 
     Plain values (``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, and lists, tuples and
-    str-keyed dicts of them) are written out; anything else is ``<TypeName>``.
+    str-keyed dicts of them) are written out; an ``Enum`` member is ``<TypeName.MEMBER>``; anything else is
+    ``<TypeName>``.
     """
     return _repr(value, depth, config=False)
 
