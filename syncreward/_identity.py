@@ -10,10 +10,12 @@ the name its script was imported under, the path its code lives at -- enters it:
 * :class:`Identity`: the module and qualified name of the function (or the callable instance's class;
   the script's module is ``__main__`` in every process, ``__mp_main__`` included), its configuration
   taken when it is decorated -- a ``functools.partial``'s plain arguments, a closure's captured values,
-  the public plain attributes of a callable instance or of a bound method's object, less every entry
+  the public plain attributes of a callable instance or of a bound method's object (for a method
+  decorated in its class body, of the object it is called on: :func:`owner_config`), less every entry
   whose name is private (``_cache``) or says it is placed per rank (``device``, ``local_rank``,
   ``process_index``, ``seed``; a device string such as ``"cuda:3"`` counts as ``<device>``) -- and
-  the ``__name__`` of the synced wrapper, read at each call. Plain values are written out by
+  the ``__name__`` of the synced wrapper, read at each call; a lambda's or ``exec``'d function's
+  name also carries a digest of its code (:func:`code_digest`). Plain values are written out by
   :func:`plain_repr`, which never includes a memory address, a ``set``'s order or an object's
   ``repr()``; other values stand for their type's name only. So two rewards that differ only in
   non-plain state (two instances holding different models) are not told apart.
@@ -32,12 +34,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import enum
 import functools
 import hashlib
 import inspect
 import os
 import re
 import threading
+import weakref
 from types import FrameType
 from typing import Any
 
@@ -51,6 +55,7 @@ __all__ = [
     "features",
     "innermost",
     "module_name",
+    "owner_config",
     "plain_repr",
     "reward_target",
 ]
@@ -63,7 +68,8 @@ def plain_repr(value: Any, depth: int = 0) -> str:
     """A representation of ``value`` that is the same in every process running the same program.
 
     Plain values (``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, and lists, tuples and
-    str-keyed dicts of them) are written out; anything else is ``<TypeName>``.
+    str-keyed dicts of them) are written out; an ``Enum`` member is ``<TypeName.MEMBER>``; anything else is
+    ``<TypeName>``.
     """
     return _repr(value, depth, config=False)
 
@@ -97,6 +103,8 @@ def _repr(value: Any, depth: int, config: bool) -> str:
         items = ", ".join(f"{k}={_repr(value[k], depth + 1, config)}" for k in keys[:_MAX_ITEMS])
         more = f", ...<{len(keys)} keys>" if len(keys) > _MAX_ITEMS else ""
         return f"{{{items}{more}}}"
+    if isinstance(value, enum.Enum):  # Mode.STRICT: its name is the same in every process (its value may not be)
+        return f"<{type(value).__qualname__}.{value.name}>"
     return f"<{type(value).__qualname__}>"
 
 
@@ -195,7 +203,12 @@ def features(fn: Any) -> tuple[str, dict[str, str]]:
             found[f"closure.{name}"] = config_repr(cell.cell_contents)  # a factory's make_reward(target=10)
     if configured is not None:
         found.update(_attributes(configured))
-    return _qualified(target), found
+    qualified = _qualified(target)
+    if code is not None and ("<lambda>" in qualified or getattr(code, "co_filename", "").startswith("<")):
+        # lambdas (reward_funcs=[lambda ...: ..., lambda ...: ...]) and exec'd functions share one name and
+        # often no configuration: their code tells them apart
+        qualified += f"#{code_digest(code)}"
+    return qualified, found
 
 
 class Identity:
@@ -208,12 +221,22 @@ class Identity:
     tells two otherwise equal judges apart.
     """
 
-    __slots__ = ("_base", "_key", "_name", "_named", "_short")
+    __slots__ = ("_base", "_key", "_name", "_named", "_short", "method")
 
     def __init__(self, fn: Any, display_name: str) -> None:
         base, found = features(fn)
+        # a method decorated in its class body: the object it is called on configures it (:func:`owner_config`)
+        code = getattr(fn, "__code__", None)
+        self.method = bool(
+            inspect.isfunction(fn)
+            and code is not None
+            and code.co_argcount >= 1
+            and code.co_varnames[0] == "self"
+            and "." in fn.__qualname__
+            and not fn.__qualname__.endswith("<locals>." + fn.__name__)
+        )
         self._base = base + ("[" + ", ".join(f"{k}={v}" for k, v in found.items()) + "]" if found else "")
-        self._short = base.rsplit(".", 1)[-1]  # the name a reward is logged by unless it is renamed
+        self._short = base.split("#", 1)[0].rsplit(".", 1)[-1]  # the name it is logged by unless renamed
         self._named: Any = None
         self._name = display_name
         self._key = self._compute(display_name)
@@ -234,6 +257,33 @@ class Identity:
     def _compute(self, name: Any) -> str:
         text = self._base if name == self._short else f"{self._base} named {plain_repr(name)}"
         return text if len(text) <= MAX_REPR else f"{text[:MAX_REPR]}...<{len(text)} chars>"
+
+
+_owners: dict[int, tuple[Any, str]] = {}  # id(object) -> (a weak reference to it, its configuration)
+
+
+def owner_config(obj: Any) -> str:
+    """The configuration of the object a method decorated in its class body is called on, as ``[.k=v, ...]``.
+
+    Like a callable instance's (:func:`features`), taken once per object -- at its first synced call, before
+    any rank has scored with it -- so state the method changes later (a call counter, on the scoring rank
+    only) never enters it.
+    """
+    entry = _owners.get(id(obj))
+    if entry is not None and entry[0]() is obj:
+        return entry[1]  # type: ignore[no-any-return]
+    attrs = _attributes(obj)
+    text = "[" + ", ".join(f"{k}={v}" for k, v in attrs.items()) + "]" if attrs else ""
+    try:
+        ref = weakref.ref(obj)
+    except TypeError:  # not weakly referenceable (slots without __weakref__): taken at every call
+        return text
+    if len(_owners) >= 4096:
+        for key in [k for k, (r, _) in _owners.items() if r() is None]:
+            _owners.pop(key, None)
+    if len(_owners) < 4096:
+        _owners[id(obj)] = (ref, text)
+    return text
 
 
 # --------------------------------------------------------------------------------------------- call site

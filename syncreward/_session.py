@@ -423,6 +423,10 @@ class Session:
         try:
             return self.turns[channel].run(seq, guarded, timeout, call_words(seq, function))
         except BaseException as e:  # an interrupt while this thread waited for the turn
+            # the turn is never taken now, so no later call of this rank can get its own: break at once
+            self.break_(
+                f"{call_words(seq, function)} raised {type(e).__name__} while waiting for its turn: {reason_of(e)}"
+            )
             return Error(e)
 
     def submit(self, channel: int, seq: int, step: Callable[[], Outcome[T]], function: str) -> Future[Outcome[T]]:

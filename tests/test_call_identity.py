@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import gc
 import importlib.util
@@ -575,3 +576,98 @@ def test_call_site_of_a_task_is_the_event_loop() -> None:
         return await asyncio.gather(probe())
 
     assert [s.key for s in asyncio.run(main())] == ["<an event loop task or a thread pool>"]
+
+
+# Two lambda rewards (TRL's reward_funcs=[lambda ...: ..., lambda ...: ...]) share one qualified name,
+# ``<lambda>``, and have no configuration: only their code tells them apart.
+_LAMBDA_REWARDS = (
+    synced_reward(lambda completions, **kw: [1.0] * len(completions), timeout=60),
+    synced_reward(lambda completions, **kw: [2.0] * len(completions), timeout=60),
+)
+
+
+def _lambda_rewards_body(rank: int, world_size: int) -> list[tuple[str, Any]]:
+    first, second = _LAMBDA_REWARDS
+    return [outcome(f, completions=["x"] * (rank + 1))[:2] for f in ((first, second) if rank == 0 else (second, first))]
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_two_lambda_rewards_called_in_another_order_raise_on_every_rank(runner: str) -> None:
+    results = _run(runner, _lambda_rewards_body)
+    assert _kinds(results) == [["MismatchError"] * 2] * 2, results
+
+
+def test_a_lambda_rewards_identity_is_the_same_in_every_process(tmp_path: Any) -> None:
+    """The lambda's part of the identity is a digest of its code: equal across processes (hash salts)."""
+    script = tmp_path / "lam.py"
+    script.write_text(
+        "from syncreward._identity import Identity\n"
+        "f = lambda completions, **kw: [len(c) in {1, 2, 3} for c in completions]\n"
+        "print(Identity(f, f.__name__).key())\n"
+    )
+    keys = {
+        subprocess.run(
+            [sys.executable, str(script)],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(keys) == 1, keys
+    assert "<lambda>#" in keys.pop()
+
+
+class MethodJudge:
+    """Rewards as methods decorated in the class body: ``self`` reaches the function as an argument."""
+
+    def __init__(self, target: int, rank: int = 0) -> None:
+        self.target = target
+        self.device = f"cuda:{rank}"  # placed per rank: not part of the identity
+        self.calls = 0  # changed by the method, on the scoring rank only (mode='main')
+
+    @synced_reward(timeout=60)
+    def score(self, completions: list[str], **kwargs: Any) -> list[float]:
+        self.calls += 1
+        return [float(self.target) + len(completions)] * len(completions)
+
+
+def _method_judges_body(rank: int, world_size: int) -> list[tuple[str, Any]]:
+    ten, twenty = MethodJudge(10, rank), MethodJudge(20, rank)
+    swapped = [
+        outcome(j.score, completions=["x"] * (rank + 1))[:2] for j in ((ten, twenty) if rank == 0 else (twenty, ten))
+    ]
+    in_step = [outcome(j.score, completions=["x"] * (rank + 1))[:2] for j in (ten, ten, twenty)]
+    return swapped + in_step
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_method_decorated_in_its_class_is_configured_by_its_object(runner: str) -> None:
+    """Two objects of one class called in another order raise; the same order pairs, whatever the method changes."""
+    results = _run(runner, _method_judges_body)
+    assert _kinds(results) == [["MismatchError"] * 2 + ["ok"] * 3] * 2, results
+    assert "self[.target=10" in results[1][0][1]
+    assert "self[.target=20" in results[1][0][1]
+    assert [v for _, v in results[1][2:]] == [[13.0, 13.0], [13.0, 13.0], [23.0, 23.0]], results
+
+
+class Strictness(enum.Enum):
+    LENIENT = object()  # a value with a memory address: only the member's name is the same on every rank
+    STRICT = object()
+
+
+class EnumJudge:
+    def __init__(self, strictness: Strictness) -> None:
+        self.strictness = strictness
+
+    def __call__(self, completions: list[str], **kwargs: Any) -> list[float]:
+        return [float(self.strictness is Strictness.STRICT) + len(completions)] * len(completions)
+
+
+def test_two_instances_configured_by_an_enum_called_in_another_order_raise_on_every_rank() -> None:
+    lenient = synced_reward(EnumJudge(Strictness.LENIENT), timeout=30)
+    strict = synced_reward(EnumJudge(Strictness.STRICT), timeout=30)
+    results = _swapped(lenient, strict)
+    _every_rank_raised(results)
+    assert "<Strictness.STRICT>" in results[1][0][1]

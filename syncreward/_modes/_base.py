@@ -35,7 +35,7 @@ from .._binding import Binder, Bound
 from .._codec import C_TENSOR, CONTAINERS, decode_frame, encode_frame
 from .._errors import CodecError, MismatchError
 from .._exchange import SITE, Inbound, disagreement, exchange_inbound
-from .._identity import Identity, Site
+from .._identity import Identity, Site, owner_config
 from .._logs import Logs
 from .._options import Options
 from .._outcome import Error, Outcome, Value
@@ -127,7 +127,10 @@ class Call:
     @classmethod
     def _of(cls, spec: Spec, session: Session, seq: int, site: Site, bound: Bound | None) -> Call:
         cols = ", ".join(f"{c.name}:{CONTAINERS[c.container]}" for c in bound.columns) if bound else "?"
-        schema = f"{spec.key} per-sample columns [{cols}]{SITE}"
+        key = spec.key
+        if bound is not None and spec.identity.method and "self" in bound.shared:  # @synced_reward on a method
+            key = f"{key} of self{owner_config(bound.shared['self'])}"
+        schema = f"{key} per-sample columns [{cols}]{SITE}"
         step = bound.step if bound is not None else NO_STEP
         at = f" at step {step}" if step != NO_STEP else ""
         checked = None
