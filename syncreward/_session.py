@@ -326,7 +326,9 @@ class Session:
             problem = (
                 "synced calls were made from two threads at once on this rank; their order, which pairs them "
                 "with the other ranks' calls, is then not the same on every rank. HINT: make synced calls from one "
-                "thread, or as tasks of one event loop"
+                "thread, or as tasks of one event loop; a synced reward called from a thread pool *inside* another "
+                "synced reward is a plain call only when the pool runs it in the reward's context "
+                "(pool.submit(contextvars.copy_context().run, fn, ...))"
             )
         elif not is_async and any(a for _, a in others):
             problem = (

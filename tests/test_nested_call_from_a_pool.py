@@ -11,6 +11,7 @@ review report (the session would have to tell a pool the reward started from an 
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 from typing import Any
 
 import pytest
@@ -39,4 +40,23 @@ def _body(rank: int, world_size: int) -> Any:
 @pytest.mark.parametrize("runner", ["threads", pytest.param("gloo", marks=pytest.mark.multiprocess)])
 def test_nested_call_from_a_thread_pool_inside_the_reward_is_a_plain_call(runner: str) -> None:
     results = run_threads(_body, 2, timeout=90) if runner == "threads" else run_ranks(_body, 2, timeout=180)
+    assert results == [("ok", [2.0]), ("ok", [2.0, 2.0])], results
+
+
+@synced_reward(timeout=10)
+def outer_in_context(completions: list[str], **kwargs: Any) -> list[float]:
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the documented remedy: the pool runs it in our context
+        futures = [pool.submit(contextvars.copy_context().run, inner, completions=[c]) for c in completions]
+        return [f.result()[0] for f in futures]
+
+
+def _body_in_context(rank: int, world_size: int) -> Any:
+    return outcome(outer_in_context, completions=["ab"] * (rank + 1))[:2]
+
+
+@pytest.mark.parametrize("runner", ["threads", pytest.param("gloo", marks=pytest.mark.multiprocess)])
+def test_nested_call_from_a_pool_run_in_the_rewards_context_is_a_plain_call(runner: str) -> None:
+    """docs/troubleshooting.md's remedy: ``pool.submit(contextvars.copy_context().run, inner, ...)``."""
+    runs = run_threads(_body_in_context, 2, timeout=90) if runner == "threads" else None
+    results = runs if runs is not None else run_ranks(_body_in_context, 2, timeout=180)
     assert results == [("ok", [2.0]), ("ok", [2.0, 2.0])], results
