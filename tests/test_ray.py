@@ -39,6 +39,9 @@ SIZES = {2: [3, 0], 3: [0, 4, 2], 4: [2, 0, 5, 1]}  # uneven, with empty ranks (
 def members() -> Any:
     if ray.is_initialized():  # pragma: no cover - someone else's instance
         pytest.skip("a Ray instance is already running in this process")
+    # Ray starts its workers at nice 15: beside other CPU-bound jobs (a loaded CI machine) they would get a
+    # few percent of a core and every test here would crawl. The actors run this test's ranks: normal priority.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(
         num_cpus=2,
         include_dashboard=False,
