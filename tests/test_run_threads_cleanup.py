@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 import tracemalloc
 from typing import Any
 
@@ -34,9 +35,16 @@ def body(rank: int, world_size: int) -> list[float]:
     return lengths([f"r{rank}" * 50] * 8) + asyncio.run(async_lengths(["x" * rank]))
 
 
-def _live_sessions() -> int:
-    gc.collect()
-    return sum(type(o) is _session.Session for o in gc.get_objects())
+def _live_sessions(at_most: int | None = None, wait: float = 10.0) -> int:
+    """Live sessions; with ``at_most``, given ``wait`` seconds to fall to it (a failed run's worker thread may
+    still be finishing its step on a loaded machine: that is not a leak, a session kept for good is)."""
+    deadline = time.monotonic() + wait
+    while True:
+        gc.collect()
+        live = sum(type(o) is _session.Session for o in gc.get_objects())
+        if at_most is None or live <= at_most or time.monotonic() >= deadline:
+            return live
+        time.sleep(0.05)
 
 
 def test_run_threads_cleanup_leaves_no_session_behind() -> None:
@@ -51,7 +59,7 @@ def test_run_threads_cleanup_leaves_no_session_behind() -> None:
         grown = tracemalloc.get_traced_memory()[0] - first
     finally:
         tracemalloc.stop()
-    assert _live_sessions() == before, "sessions of finished run_threads calls are still alive"
+    assert _live_sessions(at_most=before) <= before, "sessions of finished run_threads calls are still alive"
     assert grown < 2 * 2**20, f"{RUNS} runs of run_threads(W=4) kept {grown / 2**20:.1f} MiB"
 
 
@@ -65,7 +73,7 @@ def test_run_threads_cleanup_also_after_a_failing_rank() -> None:
     for _ in range(5):
         with contextlib.suppress(RanksFailed):
             run_threads(fails, 3, timeout=30)
-    assert _live_sessions() == before
+    assert _live_sessions(at_most=before) <= before
 
 
 class _Slotted:
