@@ -98,8 +98,7 @@ V_any = TypeVar("V_any")
 
 def fingerprint(text: str) -> int:
     """A signed 64-bit hash of a call description, identical on every rank."""
-    data = text.encode("utf-8", "backslashreplace")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+    return fingerprint_bytes(text.encode("utf-8", "backslashreplace"))
 
 
 def round8(n: int) -> int:
