@@ -247,7 +247,7 @@ async def _wait(fut: Future[Outcome[Any]], call: Call, channel: int) -> Outcome[
     try:
         return await asyncio.wait_for(asyncio.shield(wrapped), call.timeout)
     except asyncio.TimeoutError:
-        if not call.session.turns[channel].withdraw(call.seq):
+        if not call.session.withdraw(channel, call.seq):
             return await wrapped  # it is exchanging: the backend bounds that by the timeout
     error = stuck_error(call_words(call.seq, call.spec.name), call.timeout)
     call.session.break_(reason_of(error))

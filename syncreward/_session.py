@@ -239,6 +239,10 @@ class Session:
         """Run one step in its turn on a worker thread (async calls, and steps finished in the background)."""
         return self.turns[channel].submit(seq, self._guarded(seq, step, function, channel), call_words(seq, function))
 
+    def withdraw(self, channel: int, seq: int) -> bool:
+        """Take back call ``seq``'s submitted step on ``channel`` if it has not started; whether it had not."""
+        return self.turns[channel].withdraw(seq)
+
     def skip(self, channel: int, seq: int) -> None:
         """Give up ``seq``'s turn on ``channel`` without exchanging (every rank skips the same turns)."""
         self.turns[channel].submit(seq, _nothing, "")
