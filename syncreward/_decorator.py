@@ -27,7 +27,8 @@ from ._modes import MODES, GatherModeName, ModeName
 from ._modes._base import GatherMode, Spec
 from ._modes._base import Mode as ModeImpl
 from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, Options
-from .backends import BACKEND_NAMES, Backend, resolve_backend, unknown_backend_message
+from .backends import Backend
+from .backends._resolve import BACKEND_NAMES, resolve_backend, unknown_backend_message
 
 __all__ = ["synced_reward", "synced_rewards"]
 

@@ -52,7 +52,9 @@ from ._errors import (
 from ._outcome import Error, Outcome, Value
 from ._turnstile import Latch, Turnstile
 from ._wire import Predictor, ResultBlocks
-from .backends import Backend, on_release
+from .backends import Backend
+from .backends._cache import on_release
+from .backends._protocol import abandons
 from .backends._waiting import CALL
 
 __all__ = ["Session", "live_sessions", "session_for"]
@@ -171,14 +173,15 @@ class Session:
     def abandon(self, reason: str) -> None:
         """This process is leaving: break the latch, and let no exchange in progress wait on a peer.
 
-        A backend may offer ``abandon(reason)``: every exchange in progress or started later raises at
-        once (the torch backend tells the peers ``reason``; the thread backend aborts its group).
+        A backend may offer ``abandon(reason)`` (``backends._protocol.Abandons``): every exchange in progress
+        or started later raises at once (the torch backend tells the peers ``reason``; the thread backend
+        aborts its group).
         """
         self.break_(reason)
-        abandon = getattr(self.backend, "abandon", None)
-        if abandon is not None:
+        abandoning = abandons(self.backend)
+        if abandoning is not None:
             with contextlib.suppress(Exception):  # at exit: one backend's failure must not keep the others
-                abandon(reason)
+                abandoning.abandon(reason)
 
     # ------------------------------------------------------------------------------------------ steps
 
