@@ -57,7 +57,7 @@ class Workers:
             name = f"syncreward_{self._started}"
         # Never a daemon (a thread started from a daemon thread, such as TRL's event-loop thread, would be
         # one): interpreter exit joins the workers, so no step and nothing it references outlives
-        # finalisation -- a daemon worker frozen there kept gloo's threads alive and the process aborted at
+        # finalisation -- a daemon worker frozen there keeps gloo's threads alive and the process aborts at
         # exit ("terminate called without an active exception"). The job goes in a box the worker empties:
         # ``Thread`` keeps its ``args`` for the thread's whole life.
         threading.Thread(target=self._work, args=([job],), name=name, daemon=False).start()
