@@ -128,3 +128,49 @@ def test_backends_reach_nothing_above_them(path: Path) -> None:
 
 def test_package_exports_resolve_backend_from_the_registry_module() -> None:
     assert syncreward.resolve_backend is resolve_backend
+
+
+@pytest.mark.parametrize("module", ["testing.py", "_identity.py", "_session.py", "_decorator.py", "_lifecycle.py"])
+def test_modules_above_the_backends_use_only_their_public_seams(module: str) -> None:
+    """No private name of the backends package is imported or read from above it (its seams are public names)."""
+    tree = ast.parse((Path(syncreward.__file__).parent / module).read_text())
+    private = [
+        f"{n.module}.{a.name}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("backends")
+        for a in n.names
+        if a.name.startswith("_")
+    ]
+    private += [
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Name)
+        and "backends" in n.value.id
+        and n.attr.startswith("_")
+    ]
+    assert private == [], private
+
+
+def test_optional_backend_methods_are_capabilities_decided_once_per_class() -> None:
+    from syncreward.backends import _protocol
+
+    class Plain(LocalBackend):
+        pass
+
+    class Full(LocalBackend):
+        def scatter(self, send: Any, size: int, *, root: int, channel: int, timeout: float) -> Any:
+            return send
+
+        def abandon(self, reason: str) -> None:
+            pass
+
+        def release(self) -> None:
+            pass
+
+    plain, full = Plain(), Full()
+    assert (_protocol.scatters(plain), _protocol.abandons(plain), _protocol.releases(plain)) == (None, None, None)
+    assert (_protocol.scatters(full), _protocol.abandons(full), _protocol.releases(full)) == (full, full, full)
+    plain.scatter = full.scatter  # type: ignore[attr-defined]  # an instance's attribute: the class decided
+    assert _protocol.scatters(plain) is None
+    assert (Plain, _protocol.Scatters) in _protocol._capabilities
