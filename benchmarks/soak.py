@@ -115,7 +115,7 @@ def snapshot() -> dict[str, Any]:
         "threads_os": _status("Threads"),
         "threads_py": threading.active_count(),
         # the workers that run async calls' steps: one per step running at once (steps run only in their
-        # turn: at most two per backend); up to _POOL.keep idle ones stay, the others end when idle
+        # turn: at most two per backend); up to _workers.POOL.keep idle ones stay, the others end when idle
         "threads_pool": sum(t.name.startswith("syncreward") for t in threading.enumerate()),
         "process_groups": len(distributed_c10d._world.pg_map) if dist.is_initialized() else 0,
         "syncreward_links": len(sys.modules["syncreward._session"]._sessions)
@@ -179,7 +179,7 @@ def soak_body(rank: int, world_size: int, calls: int, warmup: int, sample_every:
         "before": before,
         "after": after,
         "growth": {k: after[k] - before[k] for k in before},
-        "pool_max_workers": sys.modules["syncreward._session"]._POOL.keep,  # idle workers it keeps
+        "pool_max_workers": sys.modules["syncreward._workers"].POOL.keep,  # idle workers it keeps
         "rss_samples_mb": samples,
     }
 

@@ -23,11 +23,12 @@ from ._binding import Binder
 from ._group import GroupMode, RewardGroup
 from ._identity import Identity, call_site, innermost, reward_target
 from ._lifecycle import call_async, call_sync, nested
-from ._modes import MODES, GatherModeName, ModeName
+from ._modes import MODES
 from ._modes._base import GatherMode, Spec
 from ._modes._base import Mode as ModeImpl
-from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, Options
-from .backends import BACKEND_NAMES, Backend, resolve_backend, unknown_backend_message
+from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, GatherModeName, ModeName, Options
+from .backends import Backend
+from .backends._resolve import BACKEND_NAMES, resolve_backend, unknown_backend_message
 
 __all__ = ["synced_reward", "synced_rewards"]
 
@@ -64,9 +65,17 @@ def _is_async(fn: Any) -> bool:
     )
 
 
-def _check_options(options: Options) -> None:
-    """Raise ``ValueError`` for options no call could run with (every mode checks its own: ``Mode.check``)."""
+def _check_options(options: Options, group: bool) -> None:
+    """Raise ``ValueError`` for options no call could run with: the one place options are checked.
+
+    ``group``: the options of ``synced_rewards``, whose mode must gather the whole batch. The mode
+    checks the options that are its own (``Mode.check``).
+    """
     mode, backend, timeout = options.mode, options.backend, options.timeout
+    if group:
+        gathering = tuple(name for name, m in MODES.items() if isinstance(m, GatherMode))
+        if mode not in gathering:
+            raise ValueError(f"synced_rewards() takes mode={' or '.join(map(repr, gathering))}, not {mode!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}, not {mode!r}")
     MODES[mode].check(options)
@@ -104,14 +113,14 @@ def _not_a_function(decorator: str, value: object) -> str:
 _FIELDS = tuple(f.name for f in dataclasses.fields(Options))
 
 
-def _given(params: dict[str, Any]) -> Options:
+def _given(params: dict[str, Any], group: bool = False) -> Options:
     """The checked ``Options`` of a decorator call, from its parameters (its ``locals()`` before anything else).
 
-    The signatures name exactly ``Options``' fields (``tests/test_decorator.py`` checks it), so no option is
-    passed on by hand.
+    The signatures name exactly ``Options``' fields, with its types and defaults (``tests/test_decorator.py``
+    checks it), so no option is passed on by hand.
     """
     options = Options(**{name: params[name] for name in _FIELDS if name in params})
-    _check_options(options)
+    _check_options(options, group)
     return options
 
 
@@ -277,10 +286,7 @@ def synced_rewards(
     for fn in fns:
         if not callable(fn):
             raise TypeError(_not_a_function("synced_rewards", fn))
-    gathering = tuple(name for name, m in MODES.items() if isinstance(m, GatherMode))
-    if mode not in gathering:
-        raise ValueError(f"synced_rewards() takes mode={' or '.join(map(repr, gathering))}, not {mode!r}")
-    options = _given(locals())
+    options = _given(locals(), group=True)
     base = MODES[mode]
     assert isinstance(base, GatherMode)
     impl = GroupMode(base, RewardGroup())

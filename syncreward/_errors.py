@@ -23,6 +23,7 @@ Messages end with a ``HINT:`` saying what to do next where there is something to
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 __all__ = [
@@ -172,6 +173,43 @@ def late_message(record: str, timeout: float) -> str:
         f"for longer than timeout={timeout:g}s (a slow reward, long work between synced calls, or a synced call the "
         "others did not make); raise timeout=. The group is now unusable."
     )
+
+
+def call_words(seq: int, function: str) -> str:
+    """How every message names one call: ``synced call #3 of 'my_reward'``."""
+    return f"synced call #{seq} of {function!r}"
+
+
+def reason_of(e: BaseException) -> str:
+    """What a later call says broke the group: the failure's message, without its hint."""
+    return first_line(e).split(" HINT:")[0].rstrip(". ")
+
+
+def stuck_error(call: str, timeout: float) -> SyncTimeoutError:
+    """``call`` waited ``timeout`` for earlier calls of this rank, which never finished."""
+    return SyncTimeoutError(
+        f"{call} waited {timeout:g}s for earlier synced calls on this rank to finish. HINT: an earlier synced call is "
+        "stuck (a hung reward, or a call the other ranks never made); the group is now unusable."
+    )
+
+
+def reworded(e: CommunicationError, message: str) -> CommunicationError:
+    """``e`` with ``message``: the same type, the same attributes (it is rebuilt as pickling rebuilds it)."""
+    try:
+        clone = copy.copy(e)
+        clone.args = (message, *e.args[1:])
+    except Exception:  # a third-party subclass that cannot be rebuilt: its own words, then
+        return e
+    return clone
+
+
+def text_of(e: BaseException) -> str:
+    """An exception's whole message, stripped (its type's name when it has none, or ``str()`` fails)."""
+    try:
+        text = str(e).strip()
+    except BaseException:
+        text = ""
+    return text or type(e).__name__
 
 
 def _rebuild_remote_error(

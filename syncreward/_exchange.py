@@ -47,6 +47,7 @@ from ._wire import (
     shared_values_by_rank,
     split,
 )
+from .backends._protocol import scatters
 
 __all__ = [
     "SAME_CALLS",
@@ -87,9 +88,9 @@ def scatter(
     """
     w, me = session.world_size, session.rank
     backend = session.backend
-    if (method := getattr(backend, "scatter", None)) is not None:
+    if (scattering := scatters(backend)) is not None:
         data = np.frombuffer(blocks, dtype=np.uint8)
-        return method(data, size, root=root, channel=channel, timeout=timeout)  # type: ignore[no-any-return]
+        return scattering.scatter(data, size, root=root, channel=channel, timeout=timeout)
     if me == root:
         mine = bytes(blocks[root * size : (root + 1) * size])
         rest = blocks[: root * size] + blocks[(root + 1) * size :]

@@ -40,11 +40,11 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from ._errors import MismatchError
+from ._errors import MismatchError, call_words, reason_of, stuck_error
 from ._identity import NO_CALLER, Site
 from ._modes._base import Call, Inputs, Payload, Scoring, Spec
 from ._outcome import Error, Outcome, Value, capture, settle
-from ._session import call_words, live_sessions, reason_of, session_for, stuck_error
+from ._session import live_sessions, session_for
 from ._wire import INBOUND, OUTBOUND
 from .backends import Backend
 
@@ -247,7 +247,7 @@ async def _wait(fut: Future[Outcome[Any]], call: Call, channel: int) -> Outcome[
     try:
         return await asyncio.wait_for(asyncio.shield(wrapped), call.timeout)
     except asyncio.TimeoutError:
-        if not call.session.turns[channel].withdraw(call.seq):
+        if not call.session.withdraw(channel, call.seq):
             return await wrapped  # it is exchanging: the backend bounds that by the timeout
     error = stuck_error(call_words(call.seq, call.spec.name), call.timeout)
     call.session.break_(reason_of(error))

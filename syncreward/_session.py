@@ -6,16 +6,14 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
   with the n-th call of every other rank. They count per session (per group), and they are the ``#N``
   every message names a call by: a count per process would differ between the members of a group
   (a member of a second group counts that group's calls too), so one call would go by two numbers;
-* two **turnstiles**, one per channel, that run every call's collectives in sequence order -- the
-  inbound exchange on channel 0, the outbound exchange on channel 1 -- so concurrent ``async``
-  calls issue their collectives in the same order on every rank while their function bodies overlap.
-  A step waits for its turn without holding a thread: sync callers wait on a condition and run their
-  step themselves; async callers hand the step over, and whoever finishes the previous turn starts it
-  on a worker thread (at once: workers are never a fixed number another session's steps could all hold).
-  Nothing waits inside a fixed-size pool, so any number of concurrent calls works;
-* the **broken latch**: a transport failure (a dead peer, a timeout) inside any step, or a turn that
-  never comes, breaks the session. Every waiting step and every later call then raises
-  :class:`~syncreward.GroupBrokenError` at once instead of waiting for a group that can no longer agree;
+* two **turnstiles** (``_turnstile``), one per channel, that run every call's collectives in sequence
+  order -- the inbound exchange on channel 0, the outbound exchange on channel 1 -- so concurrent
+  ``async`` calls issue their collectives in the same order on every rank while their function bodies
+  overlap; async steps run on worker threads (``_workers``) that start at once, never queued;
+* the **broken latch** (``_turnstile.Latch``): a transport failure (a dead peer, a timeout) inside any
+  step, or a turn that never comes, breaks the session. Every waiting step and every later call then
+  raises :class:`~syncreward.GroupBrokenError` at once instead of waiting for a group that can no longer
+  agree. A step's transport failure is reworded here, once, in the call's words (``_errors.call_words``);
 * the **size predictions**: eager chunk sizes (:class:`~syncreward._wire.Predictor`, changed only from
   headers every rank saw) and the size of ``mode="main"``'s next result blocks, one size for every rank
   (announced by the previous blocks: :class:`~syncreward._wire.ResultBlocks`);
@@ -34,229 +32,37 @@ waiting step fails, and the backend's optional ``abandon(reason)`` makes the exc
 from __future__ import annotations
 
 import contextlib
-import copy
-import functools
 import os
-import queue
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError, first_line, forked_message
+from ._errors import (
+    BackendError,
+    CommunicationError,
+    SyncTimeoutError,
+    call_words,
+    forked_message,
+    reason_of,
+    reworded,
+    text_of,
+)
 from ._outcome import Error, Outcome, Value
+from ._turnstile import Latch, Turnstile
 from ._wire import Predictor, ResultBlocks
-from .backends import Backend, on_release
+from .backends import Backend
+from .backends._cache import on_release
+from .backends._protocol import abandons
 from .backends._waiting import CALL
 
-__all__ = ["Session", "call_words", "live_sessions", "reason_of", "session_for", "stuck_error"]
+__all__ = ["Session", "live_sessions", "session_for"]
 
 T = TypeVar("T")
 
 
-class _Workers:
-    """Threads for the steps of async calls: a job starts at once, on an idle worker or else on a new one.
-
-    A step is handed over only once its turn has come, but it may then wait in an exchange for a step of
-    *another* session of this process -- the thread-ranks of :func:`syncreward.testing.run_threads` are
-    sessions of one process -- so no job may queue behind busy workers (a fixed-size pool deadlocks once
-    every worker waits for a step queued behind them). A session runs at most one step per channel at a
-    time, so the threads busy at once are at most two per active session. Up to ``keep`` idle workers
-    stay; the others end after ``linger`` seconds idle. At interpreter exit, idle workers end and busy
-    ones finish their step first (what ``ThreadPoolExecutor`` does), so an abandoned call still completes
-    its exchanges.
-    """
-
-    def __init__(self, keep: int = 16, linger: float = 5.0) -> None:
-        self.keep = keep
-        self.linger = linger
-        self._reset()
-        threading._register_atexit(self._stop)  # type: ignore[attr-defined]  # as ThreadPoolExecutor does
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._reset)  # the workers are not in the child
-
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._idle = 0  # workers waiting for a job, less the jobs already queued for them
-        self._stopping = False
-        self._started = 0
-
-    def submit(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run ``fn(*args)`` now on a worker thread; its exceptions are dropped (it reports its own)."""
-        job = functools.partial(fn, *args)
-        with self._lock:
-            if self._idle > 0:
-                self._idle -= 1
-                self._jobs.put(job)
-                return
-            self._started += 1
-            name = f"syncreward_{self._started}"
-        # Never a daemon (a thread started from a daemon thread, such as TRL's event-loop thread, would be
-        # one): interpreter exit joins the workers, so no step and nothing it references outlives
-        # finalisation -- a daemon worker frozen there kept gloo's threads alive and the process aborted at
-        # exit ("terminate called without an active exception"). The job goes in a box the worker empties:
-        # ``Thread`` keeps its ``args`` for the thread's whole life.
-        threading.Thread(target=self._work, args=([job],), name=name, daemon=False).start()
-
-    def _work(self, box: list[Callable[[], None]]) -> None:
-        job: Callable[[], None] | None = box.pop()
-        while job is not None:
-            with contextlib.suppress(BaseException):  # a job sets its own future; the worker stays alive
-                job()
-            del job
-            job = self._next()
-
-    def _next(self) -> Callable[[], None] | None:
-        with self._lock:
-            if self._stopping:
-                return None
-            self._idle += 1
-        while True:
-            try:
-                return self._jobs.get(timeout=self.linger)  # None: the interpreter is exiting
-            except queue.Empty:
-                with self._lock:  # a job is queued only under the lock, with _idle already taken
-                    if self._jobs.empty() and self._idle > self.keep:
-                        self._idle -= 1
-                        return None
-
-    def _stop(self) -> None:
-        with self._lock:
-            self._stopping = True
-            for _ in range(self._idle):
-                self._jobs.put(None)
-            self._idle = 0
-
-
-# Steps of async calls run here once their turn has come (never before), each at once on its own thread.
-_POOL = _Workers()
-
-
-class _Latch:
-    def __init__(self) -> None:
-        self.reason: str | None = None
-
-    def error(self, call: str) -> GroupBrokenError:
-        """The error of ``call`` (``synced call #3 of 'my_reward'``), which cannot run once the latch broke."""
-        return GroupBrokenError(
-            f"{call} cannot be paired with the other ranks: syncreward's group is unusable since an earlier failure "
-            f"({self.reason}). HINT: the ranks are no longer in step; restart the job (torchrun --max-restarts can "
-            "do it)."
-        )
-
-
-def call_words(seq: int, function: str) -> str:
-    """How every message names one call: ``synced call #3 of 'my_reward'``."""
-    return f"synced call #{seq} of {function!r}"
-
-
 _PHASES = ("sending its inputs", "waiting for its results")  # what a call does in its channel-0 / -1 step
-
-
-class Turnstile:
-    """Runs one step per sequence number, strictly in sequence order (one channel of a session)."""
-
-    def __init__(self, latch: _Latch, on_break: Callable[[str], None]) -> None:
-        self._cv = threading.Condition()
-        self._next = 0
-        self._busy = False
-        self._pending: dict[int, Callable[[bool], None]] = {}
-        self._latch = latch
-        self._on_break = on_break
-
-    def run(self, seq: int, step: Callable[[], Outcome[T]], timeout: float, call: str) -> Outcome[T]:
-        """Wait (in this thread) for ``seq``'s turn, run ``step`` here, release the turn; the step's outcome.
-
-        A broken latch, or a turn that does not come within ``timeout``, is an ``Error`` (the latter
-        breaks the session). ``call`` names the call in errors (:func:`call_words`).
-        """
-        deadline = time.monotonic() + timeout
-        with self._cv:
-            while not (self._next == seq and not self._busy) and self._latch.reason is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cv.wait(left)
-            ready = self._next == seq and not self._busy and self._latch.reason is None
-            if ready:
-                self._busy = True
-            broken = self._latch.reason is not None
-        if broken:
-            return Error(self._latch.error(call))
-        if not ready:
-            error = stuck_error(call, timeout)
-            self._on_break(reason_of(error))
-            return Error(error)
-        try:
-            return step()
-        finally:
-            self._release(seq)
-
-    def submit(self, seq: int, step: Callable[[], Outcome[T]], call: str) -> Future[Outcome[T]]:
-        """Run ``step`` on a worker thread when ``seq``'s turn comes; never blocks the caller.
-
-        The future's result is the step's outcome (a broken latch, or what escaped the step, as an ``Error``).
-        """
-        fut: Future[Outcome[T]] = Future()
-
-        def job(holds_turn: bool = True) -> None:
-            try:
-                if not fut.set_running_or_notify_cancel():
-                    return
-                try:
-                    fut.set_result(Error(self._latch.error(call)) if self._latch.reason is not None else step())
-                except BaseException as e:
-                    fut.set_result(Error(e))
-            finally:
-                if holds_turn:
-                    self._release(seq)
-
-        with self._cv:
-            if self._latch.reason is not None:  # fails at once, without touching the turn order
-                _POOL.submit(job, False)
-                return fut
-            if self._next == seq and not self._busy:
-                self._busy = True
-                start = True
-            else:
-                self._pending[seq] = job
-                start = False
-        if start:
-            _POOL.submit(job, True)
-        return fut
-
-    def idle(self) -> bool:
-        """No step runs or waits on this channel."""
-        with self._cv:
-            return not self._busy and not self._pending
-
-    def withdraw(self, seq: int) -> bool:
-        """Take back a submitted step that has not started; whether it was still waiting."""
-        with self._cv:
-            return self._pending.pop(seq, None) is not None
-
-    def _release(self, seq: int) -> None:
-        with self._cv:
-            self._next = seq + 1
-            self._busy = False
-            job = self._pending.pop(self._next, None)
-            if job is not None:
-                self._busy = True
-            self._cv.notify_all()
-        if job is not None:
-            _POOL.submit(job, True)
-
-    def wake_all(self) -> None:
-        """The latch broke: fail every waiting step now."""
-        with self._cv:
-            jobs = list(self._pending.items())
-            self._pending.clear()
-            self._cv.notify_all()
-        for _, job in sorted(jobs, key=lambda item: item[0]):  # each fails at once (latched); none holds a turn
-            _POOL.submit(job, False)
 
 
 class Session:
@@ -267,7 +73,7 @@ class Session:
         self.rank = backend.rank
         self.world_size = backend.world_size
         self.pid = os.getpid()
-        self.latch = _Latch()
+        self.latch = Latch()
         self.turns = (Turnstile(self.latch, self.break_), Turnstile(self.latch, self.break_))
         self.predictor = Predictor(self.world_size)
         self.result_blocks = ResultBlocks()  # main mode's: the size every rank's next block has
@@ -367,14 +173,15 @@ class Session:
     def abandon(self, reason: str) -> None:
         """This process is leaving: break the latch, and let no exchange in progress wait on a peer.
 
-        A backend may offer ``abandon(reason)``: every exchange in progress or started later raises at
-        once (the torch backend tells the peers ``reason``; the thread backend aborts its group).
+        A backend may offer ``abandon(reason)`` (``backends._protocol.Abandons``): every exchange in progress
+        or started later raises at once (the torch backend tells the peers ``reason``; the thread backend
+        aborts its group).
         """
         self.break_(reason)
-        abandon = getattr(self.backend, "abandon", None)
-        if abandon is not None:
+        abandoning = abandons(self.backend)
+        if abandoning is not None:
             with contextlib.suppress(Exception):  # at exit: one backend's failure must not keep the others
-                abandon(reason)
+                abandoning.abandon(reason)
 
     # ------------------------------------------------------------------------------------------ steps
 
@@ -400,7 +207,7 @@ class Session:
                 return step()
             except CommunicationError as e:
                 verb = "timed out" if isinstance(e, SyncTimeoutError) else "failed"
-                error = _reworded(e, f"{call} {verb} on rank {self.rank} while {_PHASES[channel]}: {_text(e)}")
+                error = reworded(e, f"{call} {verb} on rank {self.rank} while {_PHASES[channel]}: {text_of(e)}")
                 self.break_(reason_of(error))
                 if error is not e:
                     error.__cause__, error.__suppress_context__ = e.__cause__, True
@@ -435,6 +242,10 @@ class Session:
         """Run one step in its turn on a worker thread (async calls, and steps finished in the background)."""
         return self.turns[channel].submit(seq, self._guarded(seq, step, function, channel), call_words(seq, function))
 
+    def withdraw(self, channel: int, seq: int) -> bool:
+        """Take back call ``seq``'s submitted step on ``channel`` if it has not started; whether it had not."""
+        return self.turns[channel].withdraw(seq)
+
     def skip(self, channel: int, seq: int) -> None:
         """Give up ``seq``'s turn on ``channel`` without exchanging (every rank skips the same turns)."""
         self.turns[channel].submit(seq, _nothing, "")
@@ -451,37 +262,6 @@ _UNTOLD = (
 
 def _nothing() -> Value[None]:
     return Value(None)
-
-
-def stuck_error(call: str, timeout: float) -> SyncTimeoutError:
-    """``call`` waited ``timeout`` for earlier calls of this rank, which never finished."""
-    return SyncTimeoutError(
-        f"{call} waited {timeout:g}s for earlier synced calls on this rank to finish. HINT: an earlier synced call is "
-        "stuck (a hung reward, or a call the other ranks never made); the group is now unusable."
-    )
-
-
-def _reworded(e: CommunicationError, message: str) -> CommunicationError:
-    """``e`` with ``message``: the same type, the same attributes (it is rebuilt as pickling rebuilds it)."""
-    try:
-        clone = copy.copy(e)
-        clone.args = (message, *e.args[1:])
-    except Exception:  # a third-party subclass that cannot be rebuilt: its own words, then
-        return e
-    return clone
-
-
-def _text(e: BaseException) -> str:
-    try:
-        text = str(e).strip()
-    except BaseException:
-        text = ""
-    return text or type(e).__name__
-
-
-def reason_of(e: BaseException) -> str:
-    """What a later call says broke the group: the failure's message, without its hint."""
-    return first_line(e).split(" HINT:")[0].rstrip(". ")
 
 
 # --------------------------------------------------------------------------------------------- registry

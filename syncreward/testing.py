@@ -86,9 +86,9 @@ from typing import Any
 
 import numpy as np
 
-from . import backends as _backends
 from ._errors import CommunicationError, SyncTimeoutError, late_message, timeout_message
-from .backends import _context_backend
+from .backends._cache import release
+from .backends._resolve import as_thread_rank, thread_ranks
 
 __all__ = ["RanksFailed", "ThreadBackend", "ThreadGroup", "free_port", "run_ranks", "run_threads"]
 
@@ -462,9 +462,9 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
     failures: dict[int, str] = {}
 
     def run(rank: int) -> None:
-        _context_backend.set(backends[rank])  # a new thread starts in an empty context
         try:
-            results[rank] = _finish(fn(rank, world_size, *args))  # asyncio.run copies this context
+            with as_thread_rank(backends[rank]):  # a new thread starts in an empty context
+                results[rank] = _finish(fn(rank, world_size, *args))  # asyncio.run copies this context
         except BaseException as e:
             failures[rank] = "".join(traceback.format_exception(e))
             group.abort(f"rank {rank} raised {type(e).__name__}")
@@ -472,17 +472,16 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
     threads = [
         threading.Thread(target=run, args=(r,), name=f"syncreward-rank{r}", daemon=True) for r in range(world_size)
     ]
-    _backends._thread_ranks(+1)  # from now on a thread that is no rank cannot make a synced call
     try:
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + timeout
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        with thread_ranks():  # from now on a thread that is no rank cannot make a synced call
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + timeout
+            for t in threads:
+                t.join(max(0.0, deadline - time.monotonic()))
     finally:
-        _backends._thread_ranks(-1)
         for backend in backends:  # nothing of this run stays behind: syncreward forgets the ranks' sessions
-            _backends._release_backend(backend)
+            release(backend)
     frames = sys._current_frames()
     for r, t in enumerate(threads):
         if t.is_alive():

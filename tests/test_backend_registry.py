@@ -16,7 +16,8 @@ import pytest
 import syncreward
 from syncreward import BackendError, backends, synced_reward
 from syncreward import _session as session_module
-from syncreward.backends import BACKEND_NAMES, LocalBackend, resolve_backend
+from syncreward.backends import LocalBackend, _cache, _resolve, resolve_backend
+from syncreward.backends._resolve import BACKEND_NAMES
 
 DOCS = Path(__file__).parent.parent / "docs"
 
@@ -27,7 +28,7 @@ def reward(completions: Any, **kwargs: Any) -> list[float]:
 
 def test_registry_keeps_the_documented_names_in_order() -> None:
     assert BACKEND_NAMES == ("auto", "local", "torch", "accelerate", "ray")
-    assert tuple(backends._FACTORIES) == BACKEND_NAMES
+    assert tuple(_resolve._FACTORIES) == BACKEND_NAMES
 
 
 @pytest.mark.parametrize(
@@ -75,7 +76,7 @@ def test_resolve_backend_calls_the_registered_factory_with_the_options(monkeypat
     made = LocalBackend()
     calls: list[Any] = []
     group = object()
-    monkeypatch.setitem(backends._FACTORIES, "local", lambda process_group: calls.append(process_group) or made)
+    monkeypatch.setitem(_resolve._FACTORIES, "local", lambda process_group: calls.append(process_group) or made)
     assert resolve_backend("local", group) is made
     assert calls == [group]
 
@@ -92,10 +93,10 @@ def test_release_calls_the_backend_then_every_release_hook(monkeypatch: pytest.M
         def release(self) -> None:
             events.append("released")
 
-    monkeypatch.setattr(backends, "_release_hooks", list(backends._release_hooks))
-    backends.on_release(lambda b: events.append(("hook", b)))
+    monkeypatch.setattr(_cache, "_release_hooks", list(_cache._release_hooks))
+    _cache.on_release(lambda b: events.append(("hook", b)))
     backend = Released()
-    backends._release_backend(backend)
+    _cache.release(backend)
     assert events == ["released", ("hook", backend)]
 
 
@@ -103,12 +104,12 @@ def test_release_drops_the_backends_session() -> None:
     backend = LocalBackend()
     session_module.session_for(backend, "reward")
     assert backend in session_module._sessions
-    backends._release_backend(backend)
+    _cache.release(backend)
     assert backend not in session_module._sessions
 
 
 def test_the_session_registers_its_release_hook() -> None:
-    assert session_module._forget_session in backends._release_hooks
+    assert session_module._forget_session in _cache._release_hooks
 
 
 @pytest.mark.parametrize("path", sorted(Path(backends.__file__).parent.glob("*.py")), ids=lambda p: p.name)
@@ -127,3 +128,49 @@ def test_backends_reach_nothing_above_them(path: Path) -> None:
 
 def test_package_exports_resolve_backend_from_the_registry_module() -> None:
     assert syncreward.resolve_backend is resolve_backend
+
+
+@pytest.mark.parametrize("module", ["testing.py", "_identity.py", "_session.py", "_decorator.py", "_lifecycle.py"])
+def test_modules_above_the_backends_use_only_their_public_seams(module: str) -> None:
+    """No private name of the backends package is imported or read from above it (its seams are public names)."""
+    tree = ast.parse((Path(syncreward.__file__).parent / module).read_text())
+    private = [
+        f"{n.module}.{a.name}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("backends")
+        for a in n.names
+        if a.name.startswith("_")
+    ]
+    private += [
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Name)
+        and "backends" in n.value.id
+        and n.attr.startswith("_")
+    ]
+    assert private == [], private
+
+
+def test_optional_backend_methods_are_capabilities_decided_once_per_class() -> None:
+    from syncreward.backends import _protocol
+
+    class Plain(LocalBackend):
+        pass
+
+    class Full(LocalBackend):
+        def scatter(self, send: Any, size: int, *, root: int, channel: int, timeout: float) -> Any:
+            return send
+
+        def abandon(self, reason: str) -> None:
+            pass
+
+        def release(self) -> None:
+            pass
+
+    plain, full = Plain(), Full()
+    assert (_protocol.scatters(plain), _protocol.abandons(plain), _protocol.releases(plain)) == (None, None, None)
+    assert (_protocol.scatters(full), _protocol.abandons(full), _protocol.releases(full)) == (full, full, full)
+    plain.scatter = full.scatter  # type: ignore[attr-defined]  # an instance's attribute: the class decided
+    assert _protocol.scatters(plain) is None
+    assert (Plain, _protocol.Scatters) in _protocol._capabilities

@@ -106,7 +106,7 @@ def held_world_body(rank: int, world_size: int) -> list[tuple[int, bool]]:
 
     import torch.distributed as dist
 
-    from syncreward import backends
+    from syncreward.backends import _cache
 
     held = []
     out = []
@@ -118,8 +118,8 @@ def held_world_body(rank: int, world_size: int) -> list[tuple[int, bool]]:
         dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=20))
         held.append(dist.group.WORLD)  # so its finalizer cannot run at destroy
         synced([f"r{rank}"])
-        out.append((len(backends._cache), previous is None or previous._released))
-        (previous,) = backends._cache.values()
+        out.append((len(_cache._backends), previous is None or previous._released))
+        (previous,) = _cache._backends.values()
         dist.destroy_process_group()
     return out
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _helpers import same
 
 import syncreward
 from syncreward import CodecError, UnsupportedTypeError, synced_reward
@@ -47,35 +48,6 @@ from syncreward._codec import (
 )
 
 # --------------------------------------------------------------------------------------------- helpers
-
-
-def same(a: Any, b: Any) -> bool:
-    """Strict equality: same types all the way down (tuple vs list, bool vs int), NaN equals NaN, -0.0 != 0.0."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
-            return False
-        if a.numel() == 0:
-            return True
-        if a.dtype.is_floating_point or a.dtype.is_complex:  # bit-exact, NaN payloads and -0.0 included
-            a, b = (t.reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8) for t in (a, b))
-        return bool(torch.equal(a, b))
-    if isinstance(a, np.ndarray):
-        if a.dtype != b.dtype or a.shape != b.shape:
-            return False
-        if a.dtype.hasobject:
-            return all(same(x, y) for x, y in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist(), strict=True))
-        return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
-    if isinstance(a, np.generic):
-        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
-    if isinstance(a, float):
-        return struct.pack("<d", a) == struct.pack("<d", b)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=False))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) and same(k, kb) for k, kb in zip(a, b, strict=False))
-    return bool(a == b)
 
 
 def roundtrip(value: Any, **kwargs: Any) -> Any:

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _helpers import same
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from test_codec import same
 
 try:
     from PIL import Image

@@ -190,6 +190,29 @@ def test_options_signatures_name_the_options_with_their_defaults() -> None:
     assert group == {k: v for k, v in declared.items() if k not in ("group_size", "group_by")}
 
 
+def _keyword_types(fn: Any) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.annotation for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def test_options_signatures_spell_the_options_types() -> None:
+    """Each option has one type: the signatures' annotations are ``Options``' (a group takes a gathering mode)."""
+    import dataclasses
+    import typing
+
+    from syncreward._options import Options
+
+    declared = {f.name: f.type for f in dataclasses.fields(Options)}
+    assert declared["mode"] == "ModeName"
+    assert declared["backend"] == "str | Backend"
+    assert _keyword_types(synced_reward) == declared
+    if sys.version_info >= (3, 11):  # typing.get_overloads
+        overloads = [o for o in typing.get_overloads(synced_reward) if _keyword_types(o)]
+        assert [_keyword_types(o) for o in overloads] == [declared]
+    group = {k: v for k, v in declared.items() if k not in ("group_size", "group_by")}
+    assert _keyword_types(synced_rewards) == {**group, "mode": "GatherModeName"}
+
+
 def test_mode_names_for_the_type_checker_are_the_registry() -> None:
     import typing
 

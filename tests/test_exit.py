@@ -108,7 +108,7 @@ def test_exit_hook_abandons_a_call_waiting_for_a_peer_under_the_thread_double() 
     assert "rank 0 is exiting" in message, got
     with pytest.raises(syncreward.GroupBrokenError, match="rank 0 is exiting"):
         asyncio.run(reward(["b"]))
-    syncreward.backends._release_backend(b0)
+    syncreward.backends._cache.release(b0)
 
 
 class _Work:

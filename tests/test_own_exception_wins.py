@@ -23,7 +23,7 @@ import pytest
 
 import syncreward
 from syncreward import synced_reward
-from syncreward.backends import _context_backend
+from syncreward.backends import resolve_backend
 from syncreward.testing import run_ranks, run_threads
 
 
@@ -36,7 +36,7 @@ def _describe(e: BaseException) -> tuple[str, list[str]]:
 
 
 def _peer_leaves_then_raises(completions: Any, **kwargs: Any) -> list[float]:
-    backend = _context_backend.get()
+    backend = resolve_backend("auto")
     assert backend is not None
     backend.group.abort("rank 1 left the job")  # type: ignore[attr-defined]
     raise ValueError("bad sample")
@@ -123,7 +123,7 @@ def test_own_exception_wins_keeps_the_original_object() -> None:
     raised: list[BaseException] = []
 
     def reward(completions: Any, **kwargs: Any) -> list[float]:
-        backend = _context_backend.get()
+        backend = resolve_backend("auto")
         backend.group.abort("rank 1 left the job")  # type: ignore[union-attr]
         e = ValueError("mine")
         raised.append(e)

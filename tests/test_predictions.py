@@ -10,52 +10,15 @@ for the padding of a big one, and a big one overflows its small prediction (an e
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from _helpers import Counting, TrainerState
 
 import syncreward
 from syncreward import synced_reward
 from syncreward.testing import run_threads
 
 STEPS = 6
-
-
-@dataclass
-class TrainerState:
-    """Stand-in for ``transformers.TrainerState``, which TRL passes as ``trainer_state``."""
-
-    global_step: int = 0
-
-
-class Counting:
-    """Wraps a backend; counts collectives and the bytes this rank sends to the others."""
-
-    def __init__(self, inner: syncreward.Backend) -> None:
-        self.inner = inner
-        self.calls = 0
-        self.sent = 0
-
-    @property
-    def rank(self) -> int:
-        return self.inner.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.inner.world_size
-
-    def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
-        self.calls += 1
-        self.sent += row.nbytes * (self.world_size - 1)
-        return self.inner.all_gather(row, channel=channel, timeout=timeout)
-
-    def all_to_all(
-        self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], *, channel: int, timeout: float
-    ) -> np.ndarray:
-        self.calls += 1
-        self.sent += sum(int(c) for d, c in enumerate(send_counts) if d != self.rank)
-        return self.inner.all_to_all(send, send_counts, recv_counts, channel=channel, timeout=timeout)
 
 
 def format_reward(completions: Any, **kwargs: Any) -> list[float]:

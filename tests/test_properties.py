@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _helpers import same
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from test_codec import same
 
 import syncreward
 from syncreward import Backend, SyncTimeoutError, synced_reward

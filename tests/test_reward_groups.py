@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_predictions import Counting, TrainerState
+from _helpers import Counting, TrainerState
 
 import syncreward
 from syncreward import MismatchError, RemoteError, synced_rewards

@@ -13,7 +13,8 @@ import time
 import tracemalloc
 from typing import Any
 
-from syncreward import _session, backends, synced_reward
+from syncreward import _session, synced_reward
+from syncreward.backends import _cache
 from syncreward.testing import RanksFailed, ThreadGroup, run_threads
 
 RUNS = 60
@@ -98,5 +99,5 @@ def test_run_threads_cleanup_a_released_backend_that_cannot_be_weakly_referenced
     backend = _Slotted(ThreadGroup(1).backends()[0])
     session = _session.session_for(backend, "f")  # type: ignore[arg-type]
     assert _session._strong[id(backend)][1] is session
-    backends._release_backend(backend)
+    _cache.release(backend)
     assert id(backend) not in _session._strong

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_codec import same
+from _helpers import same
 
 from syncreward import synced_reward
 from syncreward._codec import (

@@ -11,7 +11,7 @@ import gc
 import threading
 import weakref
 
-from syncreward._session import _POOL
+from syncreward._workers import POOL
 
 
 class _Payload:
@@ -26,7 +26,7 @@ def test_a_worker_started_from_a_daemon_thread_is_not_a_daemon() -> None:
         seen.append(threading.current_thread().daemon)
         done.set()
 
-    starter = threading.Thread(target=lambda: _POOL.submit(job), daemon=True)
+    starter = threading.Thread(target=lambda: POOL.submit(job), daemon=True)
     starter.start()
     starter.join(10)
     assert done.wait(10)
@@ -37,7 +37,7 @@ def test_a_finished_step_is_not_kept_by_its_worker() -> None:
     payload = _Payload()
     ref = weakref.ref(payload)
     done = threading.Event()
-    _POOL.submit(lambda p: done.set(), payload)
+    POOL.submit(lambda p: done.set(), payload)
     assert done.wait(10)
     del payload
     for _ in range(50):  # the worker drops the job right after running it

@@ -8,8 +8,9 @@ name in :data:`ModeName` (the type checker's copy of the registry's keys, checke
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
+from .._options import GatherModeName, ModeName
 from ._base import Mode
 from .main import MainMode
 from .replicate import ReplicateMode
@@ -22,6 +23,3 @@ MODES: dict[str, Mode[Any]] = {
     "replicate": ReplicateMode(),
     "shard": ShardMode(),
 }
-
-ModeName = Literal["main", "replicate", "shard"]
-GatherModeName = Literal["main", "replicate"]

@@ -1,4 +1,10 @@
-"""The contract between syncreward and a transport: two collectives on byte buffers."""
+"""The contract between syncreward and a transport: two collectives on byte buffers, three optional extras.
+
+:class:`Backend` is what every transport implements. A transport may also offer any of the capabilities
+:class:`Scatters`, :class:`Abandons` and :class:`Releases`, each one method; syncreward asks
+:func:`scatters`, :func:`abandons` and :func:`releases` whether a backend has one, which answer once per
+backend class (a ``runtime_checkable`` check inspects every member, too slow to repeat on every call).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Backend"]
+__all__ = ["Abandons", "Backend", "Releases", "Scatters", "abandons", "releases", "scatters"]
 
 
 @runtime_checkable
@@ -23,16 +29,8 @@ class Backend(Protocol):
     remember failures: syncreward stops using a backend after any such error (every later call raises
     ``syncreward.GroupBrokenError`` without touching it).
 
-    A backend may also offer ``scatter(send, size, *, root, channel, timeout)``: rank ``root`` sends each
-    rank (itself included) its ``size``-byte block of ``send`` (``world_size`` blocks in rank order; other
-    ranks pass an empty array) and every rank returns its block. ``mode="main"`` then sends its results
-    in it (W - 1 messages); without it, the same bytes go through ``all_to_all``.
-
-    A backend may also offer ``abandon(reason)``: from then on every exchange in progress or started
-    later raises at once (the peers waiting in it should learn ``reason``). syncreward calls it at
-    interpreter exit (``reason`` is ``"rank 0 is exiting"``), before the worker threads are joined, so
-    that no process's exit waits on a peer; without it, a worker waiting in an exchange holds the exit
-    until the exchange's ``timeout``.
+    A backend may also offer the optional capabilities below (:class:`Scatters`, :class:`Abandons`,
+    :class:`Releases`): one method each, found by its name and signature, no base class needed.
 
     Example:
         A third-party backend needs no base class (this one is a group of one rank):
@@ -79,3 +77,71 @@ class Backend(Protocol):
         (uint8) holds ``recv_counts[s]`` bytes from each source ``s`` back to back, in rank order.
         """
         ...
+
+
+@runtime_checkable
+class Scatters(Protocol):
+    """A backend with a scatter: ``mode="main"`` sends its results in it (W - 1 messages).
+
+    Without it, the same bytes go through ``all_to_all``.
+    """
+
+    def scatter(self, send: np.ndarray, size: int, *, root: int, channel: int, timeout: float) -> np.ndarray:
+        """Rank ``root`` sends each rank (itself included) its ``size``-byte block of ``send``.
+
+        ``send`` holds ``world_size`` blocks in rank order on ``root`` (other ranks pass an empty array);
+        every rank returns its own block.
+        """
+        ...
+
+
+@runtime_checkable
+class Abandons(Protocol):
+    """A backend whose exchanges can be made to return at once, so that no process's exit waits on a peer.
+
+    Without it, a worker waiting in an exchange at exit holds the exit until the exchange's ``timeout``.
+    """
+
+    def abandon(self, reason: str) -> None:
+        """From now on every exchange in progress or started later raises at once.
+
+        The peers waiting in it should learn ``reason``. syncreward calls it at interpreter exit
+        (``reason`` is ``"rank 0 is exiting"``), before the worker threads are joined.
+        """
+        ...
+
+
+@runtime_checkable
+class Releases(Protocol):
+    """A backend that holds resources of its own (the torch backend's gloo groups)."""
+
+    def release(self) -> None:
+        """Let go of them: the backend cache calls it once the backend's job or process group is gone, or at exit."""
+        ...
+
+
+_capabilities: dict[tuple[type, type], bool] = {}  # (backend class, capability) -> whether it has it
+
+
+def _has(backend: object, kind: type) -> bool:
+    """Whether ``backend`` has capability ``kind``: decided once per backend class (a method of the class)."""
+    key = (type(backend), kind)
+    has = _capabilities.get(key)
+    if has is None:
+        has = _capabilities[key] = isinstance(backend, kind)
+    return has
+
+
+def scatters(backend: object) -> Scatters | None:
+    """``backend`` if it has a :class:`Scatters` capability, else None."""
+    return backend if _has(backend, Scatters) else None  # type: ignore[return-value]
+
+
+def abandons(backend: object) -> Abandons | None:
+    """``backend`` if it has an :class:`Abandons` capability, else None."""
+    return backend if _has(backend, Abandons) else None  # type: ignore[return-value]
+
+
+def releases(backend: object) -> Releases | None:
+    """``backend`` if it has a :class:`Releases` capability, else None."""
+    return backend if _has(backend, Releases) else None  # type: ignore[return-value]

@@ -59,7 +59,7 @@ set up the whole job's groups earlier has not thereby arrived at a subgroup's se
 
 Other ranks' state never enters the name. Nothing is registered with torch, so ``destroy_process_group``
 does not know these groups: the backend cache releases them when the job's ``WORLD`` group (or the
-``process_group``) object is destroyed (``backends._cached``).
+``process_group``) object is destroyed (``backends._cache.cached``).
 
 Leaving
 -------

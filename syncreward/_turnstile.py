@@ -1,0 +1,143 @@
+"""The latch and the turnstiles: how one session orders its calls' collective steps.
+
+A :class:`Turnstile` runs one step per sequence number, strictly in sequence order (one per channel of a
+session), so concurrent ``async`` calls issue their collectives in the same order on every rank while
+their function bodies overlap. A step waits for its turn without holding a thread: sync callers wait on a
+condition and run their step themselves; async callers hand the step over, and whoever finishes the
+previous turn starts it on a worker thread (``_workers.POOL``). The :class:`Latch` is shared by a
+session's turnstiles: once broken, every waiting step and every later one fails at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+from ._errors import GroupBrokenError, reason_of, stuck_error
+from ._outcome import Error, Outcome
+from ._workers import POOL
+
+__all__ = ["Latch", "Turnstile"]
+
+T = TypeVar("T")
+
+
+class Latch:
+    """Broken once, for good: the first reason a session can no longer agree with its peers."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def error(self, call: str) -> GroupBrokenError:
+        """The error of ``call`` (``synced call #3 of 'my_reward'``), which cannot run once the latch broke."""
+        return GroupBrokenError(
+            f"{call} cannot be paired with the other ranks: syncreward's group is unusable since an earlier failure "
+            f"({self.reason}). HINT: the ranks are no longer in step; restart the job (torchrun --max-restarts can "
+            "do it)."
+        )
+
+
+class Turnstile:
+    """Runs one step per sequence number, strictly in sequence order (one channel of a session)."""
+
+    def __init__(self, latch: Latch, on_break: Callable[[str], None]) -> None:
+        self._cv = threading.Condition()
+        self._next = 0
+        self._busy = False
+        self._pending: dict[int, Callable[[bool], None]] = {}
+        self._latch = latch
+        self._on_break = on_break
+
+    def run(self, seq: int, step: Callable[[], Outcome[T]], timeout: float, call: str) -> Outcome[T]:
+        """Wait (in this thread) for ``seq``'s turn, run ``step`` here, release the turn; the step's outcome.
+
+        A broken latch, or a turn that does not come within ``timeout``, is an ``Error`` (the latter
+        breaks the session). ``call`` names the call in errors (:func:`call_words`).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not (self._next == seq and not self._busy) and self._latch.reason is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            ready = self._next == seq and not self._busy and self._latch.reason is None
+            if ready:
+                self._busy = True
+            broken = self._latch.reason is not None
+        if broken:
+            return Error(self._latch.error(call))
+        if not ready:
+            error = stuck_error(call, timeout)
+            self._on_break(reason_of(error))
+            return Error(error)
+        try:
+            return step()
+        finally:
+            self._release(seq)
+
+    def submit(self, seq: int, step: Callable[[], Outcome[T]], call: str) -> Future[Outcome[T]]:
+        """Run ``step`` on a worker thread when ``seq``'s turn comes; never blocks the caller.
+
+        The future's result is the step's outcome (a broken latch, or what escaped the step, as an ``Error``).
+        """
+        fut: Future[Outcome[T]] = Future()
+
+        def job(holds_turn: bool = True) -> None:
+            try:
+                if not fut.set_running_or_notify_cancel():
+                    return
+                try:
+                    fut.set_result(Error(self._latch.error(call)) if self._latch.reason is not None else step())
+                except BaseException as e:
+                    fut.set_result(Error(e))
+            finally:
+                if holds_turn:
+                    self._release(seq)
+
+        with self._cv:
+            if self._latch.reason is not None:  # fails at once, without touching the turn order
+                POOL.submit(job, False)
+                return fut
+            if self._next == seq and not self._busy:
+                self._busy = True
+                start = True
+            else:
+                self._pending[seq] = job
+                start = False
+        if start:
+            POOL.submit(job, True)
+        return fut
+
+    def idle(self) -> bool:
+        """No step runs or waits on this channel."""
+        with self._cv:
+            return not self._busy and not self._pending
+
+    def withdraw(self, seq: int) -> bool:
+        """Take back a submitted step that has not started; whether it was still waiting."""
+        with self._cv:
+            return self._pending.pop(seq, None) is not None
+
+    def _release(self, seq: int) -> None:
+        with self._cv:
+            self._next = seq + 1
+            self._busy = False
+            job = self._pending.pop(self._next, None)
+            if job is not None:
+                self._busy = True
+            self._cv.notify_all()
+        if job is not None:
+            POOL.submit(job, True)
+
+    def wake_all(self) -> None:
+        """The latch broke: fail every waiting step now."""
+        with self._cv:
+            jobs = list(self._pending.items())
+            self._pending.clear()
+            self._cv.notify_all()
+        for _, job in sorted(jobs, key=lambda item: item[0]):  # each fails at once (latched); none holds a turn
+            POOL.submit(job, False)
