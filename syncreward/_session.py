@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 from ._errors import BackendError, CommunicationError, GroupBrokenError, SyncTimeoutError, first_line, forked_message
 from ._outcome import Error, Outcome, Value
-from ._wire import Predictor, ResultBlocks
+from ._wire import Predictor
 from .backends import Backend, on_release
 from .backends._waiting import CALL
 
@@ -270,7 +270,6 @@ class Session:
         self.latch = _Latch()
         self.turns = (Turnstile(self.latch, self.break_), Turnstile(self.latch, self.break_))
         self.predictor = Predictor(self.world_size)
-        self.result_blocks = ResultBlocks()  # main mode's: the size every rank's next block has
         self._seq = 0
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[int, bool]] = {}  # seq -> (thread id, async)
