@@ -20,6 +20,9 @@ The header every rank sends every other rank at the start of a call (int64 words
   samples with one rank's value.
 * ``status``: ``OK``, or ``FAILED`` when this rank failed before the exchange; then ``payload_bytes``
   is the size of its error blob, which travels instead of the payload.
+* ``mode_word``: a word the call's mode fills, which every rank reads from every rank's header
+  (``mode="shard"`` with ``group_by``: the size of the rank's group-key frame; a reward group's miss:
+  whether the rank's columns prove identity; else 0).
 * ``drop_mask``: the ``**kwargs`` columns this rank leaves behind (they hold non-plain data). Column
   ``i`` of the sorted column names is bit ``i``; past ``MAX_EXACT_DROPS`` columns, a column's bit is a
   hash of its name, so a collision can only leave one more column behind (which the function then
@@ -71,8 +74,7 @@ __all__ = [
     "split",
 ]
 
-VERSION = 0x5352_0005  # 5: the header and the check record carry the digest of the shared arguments; 4: shard
-# mode's group_by keys travel as 16-byte content digests; 3: replicate's check record
+VERSION = 0x5352_0005  # the first header word: ranks that run another version raise (each version: CHANGELOG.md)
 H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_DESC, H_MODE_WORD, H_SHARED, H_DROP = range(11)
 DROP_WORDS = 4
 HEADER_LEN = H_DROP + DROP_WORDS

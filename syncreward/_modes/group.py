@@ -33,7 +33,8 @@ makes that decision the same on every rank:
   different shared arguments) raise ``MismatchError`` on every rank, the scoring rank included --
   where every rank's call is a hit. A different order that makes one rank's call a miss (it names a
   column the earlier call left behind) and another's a hit leaves them in different exchanges until
-  ``timeout=`` (a strict xfail in ``tests/test_refactor_review.py``).
+  ``timeout=`` (a strict xfail:
+  ``test_reward_group_members_in_another_order_where_one_rank_misses_raise_mismatch_on_every_rank_at_once``).
 
 An inbound exchange that fails (on every rank) makes every rank forget what was kept.
 """
