@@ -313,10 +313,7 @@ class Split:
     frames: dict[int, bytes | bytearray]  # the slices encoded for other ranks, by rank
     here: list[Column] | None  # this rank's own slice, as columns (where it was asked for)
     result: Any  # this rank's own slice as the function would have returned it
-
-    @property
-    def signature(self) -> int:
-        return result_signature(self.keys, self.columns)
+    signature: int  # the result's shape (:func:`result_signature`), where ``scored`` was given; else 0
 
 
 def split_result(
@@ -337,7 +334,8 @@ def split_result(
     value must be a number too (``Logs.check_metrics``). Rank ``here``'s slice stays as columns and as a
     result; the slices of the ranks in ``send`` are encoded, each with the result's keys and its log
     records (and ``scored``, where given; without it, a single column without log records travels
-    bare). Anything this raises -- a ``KeyboardInterrupt`` included -- is returned as the ``Error``: it
+    bare; with it, several ranks score parts of one batch, and the result's signature is computed too).
+    Anything this raises -- a ``KeyboardInterrupt`` included -- is returned as the ``Error``: it
     is this rank's failure, which travels.
     """
     try:
@@ -361,7 +359,8 @@ def split_result(
             frames[r] = encode_rows(cols, rows, bounds[r + 1] - bounds[r], allow_pickle, meta)
         part = take_columns(cols, slice(bounds[here], bounds[here + 1])) if here is not None else None
         mine = rebuild_result(keys, part, None) if part is not None else None
-        return Value(Split(keys, cols, per_rank, frames, part, mine))
+        signature = result_signature(keys, cols) if scored is not None else 0
+        return Value(Split(keys, cols, per_rank, frames, part, mine, signature))
     except BaseException as e:
         return Error(e)
 

@@ -54,9 +54,9 @@ class MainMode(GatherMode):
 
     def outbound(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
         inbound, w = scoring.inbound, call.world_size
-        check = record(call) if scoring.reused else None  # a reward group's hit: no inbound header checked it
+        rec = record(call) if scoring.reused else None  # a reward group's hit: no inbound header checked it
         if call.rank != ROOT:
-            got = exchange_results(link(call, OUTBOUND), call.fp, call.seq, inbound.counts, None, record=check)
+            got = exchange_results(link(call, OUTBOUND), call.fp, call.seq, inbound.counts, None, record=rec)
             return got if isinstance(got, Error) else self._read(call, inbound, got.value)
         logs = scoring.logs
         assert logs is not None
@@ -74,7 +74,7 @@ class MainMode(GatherMode):
             else result
         )
         bodies = split.value.frames if isinstance(split, Value) else split.error
-        got = exchange_results(link(call, OUTBOUND), call.fp, call.seq, inbound.counts, bodies, record=check)
+        got = exchange_results(link(call, OUTBOUND), call.fp, call.seq, inbound.counts, bodies, record=rec)
         if isinstance(got, Error) or isinstance(split, Error):
             return got
         try:

@@ -214,12 +214,12 @@ class ShardMode(Mode[ShardScoring]):
                 allow_pickle=call.spec.options.allow_pickle,
                 scored=n,
             )
-        mine = split.value if isinstance(split, Value) else None
-        frames = [mine.frames.get(s, b"") if mine is not None else b"" for s in range(w)]
+        cut = split.value if isinstance(split, Value) else None  # this rank's results, cut per owner
+        frames = [cut.frames.get(s, b"") if cut is not None else b"" for s in range(w)]
         sent = link(call, OUTBOUND).sized_exchange(
             split.error if isinstance(split, Error) else None,
             frames,
-            extra=[mine.signature if mine is not None else 0],
+            extra=[cut.signature if cut is not None else 0],
         )
         if isinstance(sent, Error):
             return sent
@@ -237,8 +237,8 @@ class ShardMode(Mode[ShardScoring]):
             parts: dict[int, tuple[list[Any], dict[str, Any]]] = {}
             for s, frame in enumerate(sent.value.parts):
                 if s == me:
-                    if mine is not None and mine.here is not None:
-                        parts[s] = (mine.here, {"keys": mine.keys, "logs": mine.logs[me], "scored": n})
+                    if cut is not None and cut.here is not None:
+                        parts[s] = (cut.here, {"keys": cut.keys, "logs": cut.logs[me], "scored": n})
                 elif len(frame):
                     nrows, cols, meta = read_frame(frame.data, call.spec.options.allow_pickle)
                     if nrows != len(plan.sent[s]):
