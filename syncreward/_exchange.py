@@ -390,7 +390,7 @@ class Link:
         return Value(inbound)
 
 
-_COLUMNS = " per-sample columns "  # what follows the reward's identity in a call's description (``Call.open``)
+_COLUMNS = " per-sample columns "  # what follows the reward's identity in a call's description (``_call.open_call``)
 
 
 def _reward_of(description: str) -> str:
