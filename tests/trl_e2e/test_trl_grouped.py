@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 import pytest
 
@@ -42,6 +43,6 @@ def test_reward_group_in_trl_gathers_the_columns_once_per_step(run: dict) -> Non
     steps = len(stats) // len(NAMES)
     assert steps >= 1
     counts = [0] + [rec["inbound_exchanges"] for rec in stats]
-    gathered = [after > before for before, after in zip(counts, counts[1:])]
+    gathered = [after > before for before, after in pairwise(counts)]
     # one gathering per step (the step's first reward); the other two rewards of the step exchange no inputs
     assert gathered == [True, False, False] * steps, stats
