@@ -22,7 +22,7 @@ from ._batch import encodable, merge_frames
 from ._binding import Binder, Bound
 from ._codec import C_TENSOR, CONTAINERS, encode_frame
 from ._errors import MismatchError
-from ._exchange import SITE, Inbound, Link
+from ._exchange import INBOUND, SITE, Inbound, Link
 from ._identity import Identity, Site, owner_config
 from ._options import Options
 from ._outcome import Error, Outcome, Value
@@ -237,7 +237,7 @@ def exchange(
         error, blob, dropped = None, b"", payload.value.dropped
         data = payload.value.frame if route is not None else b""
     ok = error is None
-    return link(call, 0).inbound(
+    return link(call, INBOUND).inbound(
         header=header(call, ok, len(data) if ok else len(blob), mode_word, dropped),
         payload=data,
         route=route,
