@@ -1,18 +1,51 @@
-"""Column plumbing: concatenate per-rank parts, cut slices, and check and rebuild results."""
+"""Column plumbing: merge per-rank frames, cut and encode slices, and check, split and rebuild results.
+
+Every mode goes through here for the data itself -- the frames that carry columns and results, and
+the rows each rank owns -- so no mode file knows the codec: :func:`merge_frames` decodes the frames of
+several ranks and concatenates every column in rank order, :func:`split_result` checks a function's
+result and cuts it into the slices of the ranks that own the rows (:class:`Split`), and
+:func:`read_frame` reads one back.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from ._codec import C_LIST, C_NDARRAY, C_TENSOR, C_TUPLE, Column, container_of
-from ._errors import InputError, ResultLengthError
+from ._codec import (
+    C_LIST,
+    C_NDARRAY,
+    C_TENSOR,
+    C_TUPLE,
+    Column,
+    container_of,
+    decode_frame,
+    encode_frame,
+    is_plain,
+)
+from ._errors import CodecError, InputError, ResultLengthError
+from ._outcome import Error, Value
 
-__all__ = ["concat", "rebuild_result", "result_columns", "result_signature", "take", "take_columns"]
+__all__ = [
+    "Split",
+    "concat",
+    "encodable",
+    "encode_rows",
+    "merge_frames",
+    "read_frame",
+    "rebuild_result",
+    "reassemble",
+    "result_columns",
+    "result_signature",
+    "split_result",
+    "take",
+    "take_columns",
+]
 
 
 def _as_container(values: Any, container: int) -> Any:
@@ -176,3 +209,185 @@ def rebuild_result(keys: list[Any] | None, columns: Sequence[Column], device: to
     if keys is None:
         return values[0]
     return dict(zip(keys, values, strict=True))
+
+
+# ------------------------------------------------------------------------------------------------ frames
+
+
+def encode_rows(
+    columns: Sequence[Column], rows: slice | Sequence[int], n: int, allow_pickle: bool, meta: Any = None
+) -> bytes | bytearray:
+    """The frame of the given ``rows`` (``n`` of them) of every column, with ``meta`` beside them."""
+    return encode_frame(take_columns(columns, rows), n, allow_pickle=allow_pickle, meta=meta)
+
+
+def read_frame(frame: Any, allow_pickle: bool) -> tuple[int, list[Column], dict[str, Any]]:
+    """A received frame: its row count, its columns and its ``meta`` (``{}`` when it has none)."""
+    nrows, cols, meta = decode_frame(frame, allow_pickle=allow_pickle)
+    return nrows, cols, meta or {}
+
+
+def encodable(
+    columns: Sequence[Column], n: int, droppable: frozenset[str], allow_pickle: bool, function: str
+) -> tuple[str, ...]:
+    """What encoding ``columns`` would leave behind, without encoding them (they stay on this rank).
+
+    Raises what encoding raises for a column it refuses (the codec's ``UnsupportedTypeError``): a
+    column this rank scores as passed refuses the data the other ranks' columns refuse.
+    """
+    dropped = []
+    for col in columns:
+        if allow_pickle or is_plain(col.values, col.container):
+            continue
+        if col.name in droppable:
+            dropped.append(col.name)
+        else:
+            encode_frame([col], n, function=function)  # raises the codec's UnsupportedTypeError for this column
+    return tuple(dropped)
+
+
+def merge_frames(
+    columns: Sequence[Column],
+    frames: Mapping[int, Any],
+    rows: Mapping[int, int],
+    me: int,
+    local: Callable[[Any, int], Any],
+    skip: frozenset[str],
+    allow_pickle: bool,
+) -> dict[str, Any]:
+    """Decode the given ranks' ``frames`` and concatenate every one of ``columns`` in rank order.
+
+    ``rows[s]`` is the number of samples expected from rank ``s`` (in rank order); this rank's (``me``)
+    own part of a column is ``local(values, container)`` (its column as passed, or the rows of it that
+    stay here). Columns in ``skip`` (some rank left them behind) are skipped.
+
+    Raises:
+        CodecError: a frame that does not hold what its rank announced.
+        InputError: parts that cannot be concatenated (:func:`concat`).
+    """
+    decoded: dict[int, dict[str, Any]] = {}
+    for s in rows:
+        if s == me:
+            continue
+        nrows, cols, _ = decode_frame(frames[s], allow_pickle=allow_pickle, skip=skip)
+        if nrows != rows[s]:
+            raise CodecError(f"rank {s} sent {nrows} rows but announced {rows[s]}")
+        decoded[s] = {c.name: c.values for c in cols}
+    values: dict[str, Any] = {}
+    for col in columns:
+        if col.name in skip:
+            continue
+        parts = []
+        for s in rows:
+            if s == me:
+                parts.append(local(col.values, col.container))
+            elif col.name in decoded[s]:
+                parts.append(decoded[s][col.name])
+            else:
+                raise CodecError(f"rank {s} did not send column {col.name!r}")
+        device = col.values.device if col.container == C_TENSOR else None
+        values[col.name] = concat(col.name, parts, col.container, device)
+    return values
+
+
+# ----------------------------------------------------------------------------------------------- results
+
+
+class RowLogs(Protocol):
+    """The log calls of a scored call, as :func:`split_result` cuts them (``_logs.Logs``)."""
+
+    def check(self, n: int) -> None: ...
+
+    def check_metrics(self) -> None: ...
+
+    def rows(self, rows: slice) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class Split:
+    """A function's result, checked and cut into the slices of the ranks that own its rows (:func:`split_result`)."""
+
+    keys: list[Any] | None  # the dict's keys (``None``: a single column)
+    columns: list[Column]
+    logs: list[list[Any]]  # per rank, the log records of its rows (none without logs)
+    frames: dict[int, bytes | bytearray]  # the slices encoded for other ranks, by rank
+    here: list[Column] | None  # this rank's own slice, as columns (where it was asked for)
+    result: Any  # this rank's own slice as the function would have returned it
+    signature: int  # the result's shape (:func:`result_signature`), where ``scored`` was given; else 0
+
+
+def split_result(
+    result: Any,
+    bounds: Sequence[int],
+    function: str,
+    *,
+    logs: RowLogs | None = None,
+    metrics: bool = False,
+    here: int | None = None,
+    send: Sequence[int] = (),
+    allow_pickle: bool = False,
+    scored: int | None = None,
+) -> Value[Split] | Error:
+    """Check ``result`` (one entry per row of ``bounds``) and its log records, and cut both per owning rank.
+
+    ``bounds[r]:bounds[r + 1]`` are the rows rank ``r`` owns. With ``metrics``, every ``log_metric``
+    value must be a number too (``Logs.check_metrics``). Rank ``here``'s slice stays as columns and as a
+    result; the slices of the ranks in ``send`` are encoded, each with the result's keys and its log
+    records (and ``scored``, where given; without it, a single column without log records travels
+    bare; with it, several ranks score parts of one batch, and the result's signature is computed too).
+    Anything this raises -- a ``KeyboardInterrupt`` included -- is returned as the ``Error``: it
+    is this rank's failure, which travels.
+    """
+    try:
+        ranks = range(len(bounds) - 1)
+        n = bounds[-1]
+        keys, cols = result_columns(result, n, function)
+        per_rank: list[list[Any]] = [[] for _ in ranks]
+        if logs is not None:
+            logs.check(n)
+            if metrics:
+                logs.check_metrics()
+            per_rank = [logs.rows(slice(bounds[r], bounds[r + 1])) for r in ranks]
+        frames: dict[int, bytes | bytearray] = {}
+        for r in send:
+            meta: dict[str, Any] | None
+            if scored is not None:
+                meta = {"keys": keys, "logs": per_rank[r], "scored": scored}
+            else:
+                meta = {"keys": keys, "logs": per_rank[r]} if keys is not None or per_rank[r] else None
+            rows = slice(bounds[r], bounds[r + 1])
+            frames[r] = encode_rows(cols, rows, bounds[r + 1] - bounds[r], allow_pickle, meta)
+        part = take_columns(cols, slice(bounds[here], bounds[here + 1])) if here is not None else None
+        mine = rebuild_result(keys, part, None) if part is not None else None
+        signature = result_signature(keys, cols) if scored is not None else 0
+        return Value(Split(keys, cols, per_rank, frames, part, mine, signature))
+    except BaseException as e:
+        return Error(e)
+
+
+def reassemble(
+    parts: Sequence[tuple[list[Column], list[Any] | None]], order: Sequence[int], device: torch.device | None
+) -> Any:
+    """Put the result slices of several scoring ranks together, dict keys matched by key, rows in ``order``.
+
+    ``parts`` are ``(columns, keys)`` per scoring rank, in rank order; the first one's keys give the
+    result's order of keys. Returns what the function would have returned for the concatenated rows.
+    """
+    if not parts:
+        return []
+    keys = parts[0][1]
+    by_key = [dict(zip(_keys(k), cols, strict=True)) for cols, k in parts]
+    columns = []
+    for j, key in enumerate(_keys(keys)):
+        first = by_key[0][key]
+        pieces = [p[key].values for p in by_key]
+        container = first.container
+        if container in (C_LIST, C_TUPLE):
+            pieces = [list(p) for p in pieces]
+        merged = concat(first.name, pieces, container, None)
+        columns.append(Column(str(j), container, take(merged, container, order)))
+    return rebuild_result(keys, columns, device)
+
+
+def _keys(keys: list[Any] | None) -> list[Any]:
+    return [None] if keys is None else list(keys)

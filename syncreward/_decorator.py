@@ -20,12 +20,13 @@ from typing_extensions import ParamSpec
 
 from ._batch import check_result
 from ._binding import Binder
-from ._group import GroupMode, RewardGroup
+from ._call import Spec
 from ._identity import Identity, call_site, innermost, reward_target
 from ._lifecycle import call_async, call_sync, nested
 from ._modes import MODES
-from ._modes._base import GatherMode, Spec
+from ._modes._base import GatherMode
 from ._modes._base import Mode as ModeImpl
+from ._modes.group import GroupMode, RewardGroup
 from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, GatherModeName, ModeName, Options
 from .backends import Backend
 from .backends._resolve import BACKEND_NAMES, resolve_backend, unknown_backend_message

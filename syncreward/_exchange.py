@@ -1,27 +1,35 @@
-"""The collective procedures every mode shares, over a backend: the inbound exchange and failure reports.
+"""Every transfer a mode makes, over a backend: one :class:`Link` per call and channel.
 
-Each function here runs inside one turn of a session (see ``_session``) and returns an outcome
-(``_outcome``): ``Value`` of what was received, or an ``Error`` that every rank raises -- because every
-rank decided it from the same gathered rows. The arithmetic (sizes, offsets, predictions) lives in
-``_wire``.
+A mode never names a channel, a timeout or a collective's sizes: it asks the call's :class:`Link` (made
+by ``_call.link``: the session, the channel, the timeout, the function's name and the call's
+description and shared arguments) for a transfer, and gets back an outcome (``_outcome``): ``Value``
+of what was received, or an ``Error`` that every rank raises -- because every rank decided it from the
+same gathered rows. The arithmetic (sizes, offsets, predictions) lives in ``_wire``.
 
-Three procedures carry the decisions every mode makes the same way:
+The transfers:
 
-* :func:`exchange_inbound` -- headers and payloads; every rank raises together if a rank failed, runs
+* :meth:`Link.inbound` -- headers and payloads; every rank raises together if a rank failed, runs
   another version, or makes another call;
-* :func:`status_round` -- after work only some ranks did (scoring, planning): every rank says whether
-  it failed, and every rank raises together if any did (:func:`report_failures`);
-* :func:`mismatch` -- the ranks made different calls: every rank learns every rank's description;
-  :func:`shared_mismatch` -- they made the same call with different shared arguments: every rank learns
-  every rank's values of them.
+* :meth:`Link.status_round` -- after work only some ranks did (scoring, planning): every rank says
+  whether it failed, and every rank raises together if any did (:meth:`Link.report_failures`);
+* :meth:`Link.sized_exchange` -- a status round in which every rank also says how many bytes it sends
+  each rank, then one ``all_to_all`` of exactly those bytes;
+* :meth:`Link.disagreement` -- whether every rank's :class:`~syncreward._wire.CallCheck` names the same
+  call: where not, every rank learns every rank's description (:meth:`Link.mismatch`) or, for the same
+  call with different shared arguments, every rank's values of them (:meth:`Link.shared_mismatch`);
+* :meth:`Link.scatter`, :meth:`Link.broadcast_blobs` -- from one rank to each, from each to every one;
+* :func:`exchange_results` -- one rank's result bodies to every rank, in blocks sized by the previous
+  call (``mode="main"``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,9 +42,12 @@ from ._wire import (
     HEADER_BYTES,
     INBOUND,
     OK,
+    OUTBOUND,
     VERSION,
     CallCheck,
     Headers,
+    ResultBlocks,
+    ResultChunk,
     SharedValues,
     differing_shared,
     dropped_names,
@@ -50,65 +61,18 @@ from ._wire import (
 from .backends._protocol import scatters
 
 __all__ = [
+    "INBOUND",
+    "OUTBOUND",
     "SAME_CALLS",
     "SITE",
     "Inbound",
-    "all_to_all",
-    "broadcast_blobs",
-    "disagreement",
-    "exchange_inbound",
-    "mismatch",
-    "report_failures",
-    "scatter",
-    "shared_mismatch",
-    "status_round",
+    "Link",
+    "Sized",
+    "exchange_results",
 ]
 
-
-def all_to_all(
-    session: Session,
-    send: bytes | bytearray | np.ndarray,
-    send_counts: Sequence[int],
-    recv_counts: Sequence[int],
-    channel: int,
-    timeout: float,
-) -> np.ndarray:
-    arr = send if isinstance(send, np.ndarray) else np.frombuffer(send, dtype=np.uint8)
-    return session.backend.all_to_all(arr, send_counts, recv_counts, channel=channel, timeout=timeout)
-
-
-def scatter(
-    session: Session, blocks: bytes | bytearray, size: int, root: int, channel: int, timeout: float
-) -> np.ndarray:
-    """Rank ``root`` sends every rank (itself included) its ``size``-byte block of ``blocks``; return this rank's.
-
-    A backend with the optional ``scatter`` method sends W - 1 messages; the ``all_to_all`` it falls back
-    to (gloo's ``alltoallv``) sends W(W - 1), empty ones included, and took 1.3-2.7x as long at W = 4..16
-    on the benchmark machine (docs/scale.md).
-    """
-    w, me = session.world_size, session.rank
-    backend = session.backend
-    if (scattering := scatters(backend)) is not None:
-        data = np.frombuffer(blocks, dtype=np.uint8)
-        return scattering.scatter(data, size, root=root, channel=channel, timeout=timeout)
-    if me == root:
-        mine = bytes(blocks[root * size : (root + 1) * size])
-        rest = blocks[: root * size] + blocks[(root + 1) * size :]
-        send_counts = [0 if d == root else size for d in range(w)]
-        all_to_all(session, rest, send_counts, [0] * w, channel, timeout)
-        return np.frombuffer(mine, dtype=np.uint8)
-    return all_to_all(session, b"", [0] * w, [size if s == root else 0 for s in range(w)], channel, timeout)
-
-
-def all_gather(session: Session, row: Sequence[int], channel: int, timeout: float) -> np.ndarray:
-    return session.backend.all_gather(np.asarray(row, dtype=np.int64), channel=channel, timeout=timeout)
-
-
-def broadcast_blobs(session: Session, blob: bytes, sizes: Sequence[int], channel: int, timeout: float) -> list[bytes]:
-    """Every rank sends its ``blob`` (``sizes[rank]`` bytes, may be empty) to every rank."""
-    w = session.world_size
-    buf = all_to_all(session, blob * w, [len(blob)] * w, sizes, channel, timeout)
-    return [b.tobytes() for b in split(buf, sizes)]
+SITE = " called from "  # how a call's description names its call site (``_call.open_call``)
+SAME_CALLS = "every rank must call the same synced functions in the same order"  # the root of every mismatch HINT
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -117,131 +81,317 @@ def _add_note(exc: BaseException, note: str) -> None:
         add(note)
 
 
-def report_failures(
-    session: Session,
-    statuses: Sequence[int],
-    sizes: Sequence[int],
-    mine: BaseException | None,
-    blob: bytes,
-    channel: int,
-    timeout: float,
-    function: str,
-) -> Error:
-    """Every rank learns every failure: the origin re-raises its own, the others a :class:`RemoteError`."""
-    failed = [r for r, s in enumerate(statuses) if s]
-    sizes = [int(sizes[r]) if statuses[r] else 0 for r in range(session.world_size)]
-    blobs = broadcast_blobs(session, blob if mine is not None else b"", sizes, channel, timeout)
-    if mine is not None:
-        others = [r for r in failed if r != session.rank]
-        if others:
-            _add_note(mine, f"syncreward: {function!r} also failed on rank(s) {others}")
-        return Error(mine)
-    origin = failed[0]
-    try:
-        info = decode_value(blobs[origin])
-        error = RemoteError(origin, info["type"], info["message"], info["traceback"], function=function)
-    except (CodecError, KeyError, TypeError):
-        error = RemoteError(origin, "?", "<undecodable error report>", "", function=function)
-    if len(failed) > 1:
-        _add_note(error, f"syncreward: {function!r} also failed on rank(s) {failed[1:]}")
-    return Error(error)
+@dataclass
+class Inbound:
+    """What every rank knows after the inbound exchange of a call."""
+
+    headers: Headers
+    counts: list[int]
+    offsets: list[int]
+    dropped: frozenset[str]
+    frames: dict[int, Any] = field(default_factory=dict)  # rank -> its complete payload, for the ranks sent here
+
+    @property
+    def total(self) -> int:
+        return self.offsets[-1]
 
 
-def status_round(
-    session: Session,
-    mine: BaseException | None,
-    channel: int,
-    timeout: float,
-    function: str,
-    *,
-    extra: Sequence[int] = (),
-    check: CallCheck | None = None,
-    description: str = "",
-    shared: SharedValues | None = None,
-) -> Value[np.ndarray] | Error:
-    """Every rank says whether it failed (``mine``), with ``extra`` numbers; every rank raises if any failed.
+class Sized(NamedTuple):
+    """What a :meth:`Link.sized_exchange` gave this rank."""
 
-    One ``all_gather`` of ``[status, error bytes, (check), *extra]`` per rank, then, only if a rank
-    failed, its error to every rank (:func:`report_failures`). With ``check`` (a call no inbound header
-    checked: a reward group's hit), the ranks' records are compared first: every rank raises
-    :class:`MismatchError` if they made different calls, or the same call with different ``shared``
-    arguments. Returns every rank's ``extra`` (rows in rank order).
+    parts: list[np.ndarray]  # what each rank sent this one, in rank order (this rank's own: empty)
+    extra: np.ndarray  # every rank's extra numbers, rows in rank order
+
+
+@dataclass(frozen=True)
+class Link:
+    """One call's transfers on one channel: every collective a mode needs, with the call's context bound.
+
+    ``description`` and ``shared`` are the call's (what a mismatch shows every rank); ``function`` is
+    the synced function's name, which every error names.
     """
-    blob = error_blob(mine) if mine is not None else b""
-    head = [OK if mine is None else FAILED, len(blob), *(check.fields() if check is not None else ())]
-    rows = all_gather(session, [*head, *extra], channel, timeout)
-    if check is not None:
-        checks = [CallCheck.of_fields(row[2 : 2 + CallCheck.FIELDS]) for row in rows.tolist()]
-        wrong = disagreement(session, checks, description, channel, timeout, shared=shared, function=function)
-        if wrong is not None:
-            return wrong
-    statuses = [int(x) for x in rows[:, 0]]
-    if any(statuses):
-        return report_failures(session, statuses, rows[:, 1].tolist(), mine, blob, channel, timeout, function)
-    return Value(rows[:, len(head) :])
 
+    session: Session
+    channel: int
+    timeout: float
+    function: str
+    description: str = ""
+    shared: SharedValues | None = None
 
-SITE = " called from "  # how a call's description names its call site (``Call.open``)
-SAME_CALLS = "every rank must call the same synced functions in the same order"  # the root of every mismatch HINT
+    @property
+    def rank(self) -> int:
+        return self.session.rank
 
+    @property
+    def world_size(self) -> int:
+        return self.session.world_size
 
-def disagreement(
-    session: Session,
-    checks: Sequence[CallCheck],
-    description: str,
-    channel: int,
-    timeout: float,
-    *,
-    shared: SharedValues | None = None,
-    function: str = "",
-) -> Error | None:
-    """Whether the ranks' :class:`CallCheck` records (every rank's, in rank order) name different calls.
+    # ------------------------------------------------------------------------------------- collectives
 
-    Every rank holds every record, so every rank returns the same answer; on a disagreement every rank
-    learns every rank's description (:func:`mismatch`), or, for the same call with different shared
-    arguments (``shared``: this rank's), every rank's values of them (:func:`shared_mismatch`).
-    """
-    if not all(c.same_call(checks[0]) for c in checks[1:]):
-        return mismatch(session, [c.desc_bytes for c in checks], description, channel, timeout)
-    if shared is not None and not all(c.same_shared(checks[0]) for c in checks[1:]):
-        return shared_mismatch(session, shared, function, channel, timeout)
-    return None
+    def all_to_all(
+        self, send: bytes | bytearray | np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int]
+    ) -> np.ndarray:
+        arr = send if isinstance(send, np.ndarray) else np.frombuffer(send, dtype=np.uint8)
+        return self.session.backend.all_to_all(
+            arr, send_counts, recv_counts, channel=self.channel, timeout=self.timeout
+        )
 
+    def all_gather(self, row: Sequence[int]) -> np.ndarray:
+        return self.session.backend.all_gather(
+            np.asarray(row, dtype=np.int64), channel=self.channel, timeout=self.timeout
+        )
 
-def mismatch(session: Session, desc_sizes: Sequence[int], description: str, channel: int, timeout: float) -> Error:
-    """Every rank learns what every rank called (``desc_sizes[r]``: the size of rank ``r``'s description)."""
-    blobs = broadcast_blobs(session, description.encode("utf-8", "backslashreplace"), desc_sizes, channel, timeout)
-    texts = [b.decode(errors="replace") for b in blobs]
-    lines = [f"  rank {r}: {t}" for r, t in enumerate(texts)]
-    hint = (
-        f"{SAME_CALLS}, with the same per-sample columns (same names and container types), at the same training "
-        "step (a call made on some ranks only, e.g. under `if rank == 0`, shifts every later call)."
-    )
-    if len({t.rsplit(SITE, 1)[0] for t in texts}) == 1:  # the same call, made from different places
+    def scatter(self, blocks: bytes | bytearray, size: int, root: int) -> np.ndarray:
+        """Rank ``root`` sends every rank (itself included) its ``size``-byte block of ``blocks``; return this rank's.
+
+        A backend with the optional ``scatter`` method sends W - 1 messages; otherwise an ``all_to_all``
+        (gloo's ``alltoallv`` sends W(W - 1), empty ones included: docs/scale.md).
+        """
+        w, me = self.world_size, self.rank
+        backend = self.session.backend
+        if (scattering := scatters(backend)) is not None:
+            data = np.frombuffer(blocks, dtype=np.uint8)
+            return scattering.scatter(data, size, root=root, channel=self.channel, timeout=self.timeout)
+        if me == root:
+            mine = bytes(blocks[root * size : (root + 1) * size])
+            rest = blocks[: root * size] + blocks[(root + 1) * size :]
+            self.all_to_all(rest, [0 if d == root else size for d in range(w)], [0] * w)
+            return np.frombuffer(mine, dtype=np.uint8)
+        return self.all_to_all(b"", [0] * w, [size if s == root else 0 for s in range(w)])
+
+    def broadcast_blobs(self, blob: bytes, sizes: Sequence[int]) -> list[bytes]:
+        """Every rank sends its ``blob`` (``sizes[rank]`` bytes, may be empty) to every rank."""
+        w = self.world_size
+        buf = self.all_to_all(blob * w, [len(blob)] * w, sizes)
+        return [b.tobytes() for b in split(buf, sizes)]
+
+    # ---------------------------------------------------------------------------------------- failures
+
+    def report_failures(
+        self, statuses: Sequence[int], sizes: Sequence[int], mine: BaseException | None, blob: bytes
+    ) -> Error:
+        """Every rank learns every failure: the origin re-raises its own, the others a :class:`RemoteError`."""
+        function = self.function
+        failed = [r for r, s in enumerate(statuses) if s]
+        sizes = [int(sizes[r]) if statuses[r] else 0 for r in range(self.world_size)]
+        blobs = self.broadcast_blobs(blob if mine is not None else b"", sizes)
+        if mine is not None:
+            others = [r for r in failed if r != self.rank]
+            if others:
+                _add_note(mine, f"syncreward: {function!r} also failed on rank(s) {others}")
+            return Error(mine)
+        origin = failed[0]
+        try:
+            info = decode_value(blobs[origin])
+            error = RemoteError(origin, info["type"], info["message"], info["traceback"], function=function)
+        except (CodecError, KeyError, TypeError):
+            error = RemoteError(origin, "?", "<undecodable error report>", "", function=function)
+        if len(failed) > 1:
+            _add_note(error, f"syncreward: {function!r} also failed on rank(s) {failed[1:]}")
+        return Error(error)
+
+    def status_round(
+        self, mine: BaseException | None, *, extra: Sequence[int] = (), record: CallCheck | None = None
+    ) -> Value[np.ndarray] | Error:
+        """Every rank says whether it failed (``mine``), with ``extra`` numbers; every rank raises if any failed.
+
+        One ``all_gather`` of ``[status, error bytes, (record), *extra]`` per rank, then, only if a rank
+        failed, its error to every rank (:meth:`report_failures`). With ``record`` (the call's
+        :class:`CallCheck`, where no inbound header checked the call: a reward group's hit), the ranks'
+        records are compared first (:meth:`disagreement`). Returns every rank's ``extra`` (rows in rank
+        order).
+        """
+        blob = error_blob(mine) if mine is not None else b""
+        head = [OK if mine is None else FAILED, len(blob), *(record.fields() if record is not None else ())]
+        rows = self.all_gather([*head, *extra])
+        if record is not None:
+            checks = [CallCheck.of_fields(row[2 : 2 + CallCheck.FIELDS]) for row in rows.tolist()]
+            wrong = self.disagreement(checks)
+            if wrong is not None:
+                return wrong
+        statuses = [int(x) for x in rows[:, 0]]
+        if any(statuses):
+            return self.report_failures(statuses, rows[:, 1].tolist(), mine, blob)
+        return Value(rows[:, len(head) :])
+
+    def sized_exchange(
+        self, mine: BaseException | None, frames: Sequence[bytes | bytearray], extra: Sequence[int] = ()
+    ) -> Value[Sized] | Error:
+        """A status round in which every rank says how many bytes it sends each rank, then one ``all_to_all``.
+
+        ``frames[d]`` goes to rank ``d`` (this rank's own is not sent); ``mine`` is this rank's failure
+        (its frames are then empty). Every rank raises if any failed; else every rank receives exactly
+        what was announced for it, and every rank's ``extra`` numbers.
+        """
+        w, me = self.world_size, self.rank
+        done = self.status_round(mine, extra=[*extra, *(len(f) for f in frames)])
+        if isinstance(done, Error):
+            return done
+        rows, k = done.value, len(extra)
+        send_counts = [0 if d == me else len(frames[d]) for d in range(w)]
+        recv_counts = [0 if s == me else int(rows[s, k + me]) for s in range(w)]
+        buf = self.all_to_all(b"".join(frames[d] for d in range(w) if d != me), send_counts, recv_counts)
+        return Value(Sized(split(buf, recv_counts), rows[:, :k]))
+
+    # -------------------------------------------------------------------------------------- mismatches
+
+    def disagreement(self, checks: Sequence[CallCheck]) -> Error | None:
+        """Whether the ranks' :class:`CallCheck` records (every rank's, in rank order) name different calls.
+
+        Every rank holds every record, so every rank returns the same answer; on a disagreement every rank
+        learns every rank's description (:meth:`mismatch`), or, for the same call with different shared
+        arguments, every rank's values of them (:meth:`shared_mismatch`).
+        """
+        if not all(c.same_call(checks[0]) for c in checks[1:]):
+            return self.mismatch([c.desc_bytes for c in checks])
+        if self.shared is not None and not all(c.same_shared(checks[0]) for c in checks[1:]):
+            return self.shared_mismatch()
+        return None
+
+    def mismatch(self, desc_sizes: Sequence[int]) -> Error:
+        """Every rank learns what every rank called (``desc_sizes[r]``: the size of rank ``r``'s description)."""
+        blobs = self.broadcast_blobs(self.description.encode("utf-8", "backslashreplace"), desc_sizes)
+        texts = [b.decode(errors="replace") for b in blobs]
+        lines = [f"  rank {r}: {t}" for r, t in enumerate(texts)]
         hint = (
-            "the ranks made the same call from different places in the code. If that is a call some ranks make "
-            "on their own (a callback or an evaluation under `if rank == 0`), make it on every rank or not at all; "
-            "if the ranks run different code on purpose (a Ray driver and a task), make every rank call the "
-            "synced function through one shared function."
+            f"{SAME_CALLS}, with the same per-sample columns (same names and container types), at the same training "
+            "step (a call made on some ranks only, e.g. under `if rank == 0`, shifts every later call)."
         )
-    elif len({_reward_of(t) for t in texts}) > 1 and len({_columns_of(t) for t in texts}) == 1:
-        hint = (
-            "the ranks called different rewards, or copies of one reward configured differently (the part in "
-            "brackets), at the same point: call them in the same order on every rank. Where a reward's "
-            "configuration differs between ranks on purpose (a path or a seed per rank), keep it in a private "
-            "attribute (`self._log_path`): private names and per-rank ones (`device`, `rank`, `seed`) are not part "
-            "of a reward's identity."
+        if len({t.rsplit(SITE, 1)[0] for t in texts}) == 1:  # the same call, made from different places
+            hint = (
+                "the ranks made the same call from different places in the code. If that is a call some ranks make "
+                "on their own (a callback or an evaluation under `if rank == 0`), make it on every rank or not at all; "
+                "if the ranks run different code on purpose (a Ray driver and a task), make every rank call the "
+                "synced function through one shared function."
+            )
+        elif len({_reward_of(t) for t in texts}) > 1 and len({_columns_of(t) for t in texts}) == 1:
+            hint = (
+                "the ranks called different rewards, or copies of one reward configured differently (the part in "
+                "brackets), at the same point: call them in the same order on every rank. Where a reward's "
+                "configuration differs between ranks on purpose (a path or a seed per rank), keep it in a private "
+                "attribute (`self._log_path`): private names and per-rank ones (`device`, `rank`, `seed`) are not part "
+                "of a reward's identity."
+            )
+        return Error(
+            MismatchError(
+                "ranks made different synced calls at the same point, so their batches cannot be combined:\n"
+                + "\n".join(lines)
+                + f"\nHINT: {hint}"
+            )
         )
-    return Error(
-        MismatchError(
-            "ranks made different synced calls at the same point, so their batches cannot be combined:\n"
-            + "\n".join(lines)
-            + f"\nHINT: {hint}"
+
+    def shared_mismatch(self) -> Error:
+        """The ranks made the same call with different shared arguments: every rank learns every rank's values.
+
+        Every rank enters it alike (the digests it compares are in the headers or check records every rank
+        received), with its own shared arguments. One ``all_gather`` of the reports' sizes, then the
+        reports; every rank raises the same :class:`MismatchError`, naming the arguments, how each rank
+        passed them, and what to do.
+        """
+        assert self.shared is not None
+        function = self.function
+        report = self.shared.report()
+        sizes = self.all_gather([len(report)])[:, 0].tolist()
+        blobs = self.broadcast_blobs(report, sizes)
+        reports = [read_report(b) for b in blobs]
+        bad = [r for r, got in enumerate(reports) if got is None]
+        readable = [got if got is not None else {} for got in reports]
+        names = differing_shared(readable)
+        lines = []
+        for name in names:
+            shown = "; ".join(f"{text} on rank(s) {ranks}" for text, ranks in shared_values_by_rank(readable, name))
+            lines.append(f"  {name}: {shown}")
+        if bad:
+            lines.append(f"  (rank(s) {bad} sent an unreadable report of their shared arguments)")
+        which = ", ".join(map(repr, names)) if names else "(which ones could not be told)"
+        first = names[0] if names else "<name>"
+        return Error(
+            MismatchError(
+                f"ranks called synced function {function!r} with different values of the shared argument(s) {which}. "
+                "A shared argument (anything but a list, tuple, numpy array or tensor) is one value for the whole "
+                "batch: the batch would be scored with one rank's value, for every rank's samples:\n"
+                + "\n".join(lines)
+                + "\nHINT: if it holds one entry per sample, pass it as a list; if it is one value, make it the same "
+                f"on every rank (a sequence that is one value also needs shared=[{first!r}]); if it differs between "
+                f"ranks on purpose (a device, a rank index), pass exclude=[{first!r}]: it is then not checked, and "
+                "the scoring rank uses its own."
+            )
         )
-    )
+
+    # ----------------------------------------------------------------------------------------- inbound
+
+    def inbound(
+        self,
+        *,
+        header: bytes,
+        payload: bytes | bytearray,
+        route: np.ndarray | None,
+        error: BaseException | None,
+        blob: bytes,
+        names: Sequence[str],
+        droppable: frozenset[str],
+    ) -> Value[Inbound] | Error:
+        """Send every rank this rank's header plus the start of its payload where ``route`` says; complete the payloads.
+
+        ``route[src, dst]`` says whether ``src``'s payload goes to ``dst`` (``None``: no payload travels).
+
+        One ``all_to_all``: the block to rank ``d`` is the header followed by an *eager* chunk of the size the
+        session's predictor gives every rank for this pair (sizes every rank computes alike, so the collective
+        always matches). In the steady state the whole payload rides in it; the part that does not fit moves
+        in one more exact-size ``all_to_all``. Then, from the headers, every rank raises together if any rank
+        failed, the ranks are not making the same call, or they pass different shared arguments.
+        """
+        session = self.session
+        w, me = session.world_size, session.rank
+        eager = session.predictor.predict()
+        mine = frozenset(np.flatnonzero(route[me]).tolist()) if route is not None and error is None else frozenset()
+        send_counts = (eager[me] + HEADER_BYTES).tolist()
+        send = _blocks(header, payload, send_counts, mine)
+        recv_counts = (eager[:, me] + HEADER_BYTES).tolist()
+        buf = self.all_to_all(send, send_counts, recv_counts)
+        starts = list(accumulate(recv_counts, initial=0))
+        headers = Headers.gather(buf, starts[:-1])
+        session.predictor.update(headers, route)
+        if headers.versions != {VERSION}:
+            return Error(
+                MismatchError(
+                    f"ranks run different syncreward wire versions ({sorted(hex(v) for v in headers.versions)}). "
+                    "HINT: install the same syncreward version on every node."
+                )
+            )
+        problem = headers.problem()
+        if problem is not None:
+            return Error(CodecError(f"{problem}. HINT: every rank must run the same syncreward version."))
+        if headers.failed:
+            return self.report_failures(headers.statuses, headers.sizes, error, blob)
+        if not headers.agree:
+            return self.mismatch(headers.desc_sizes)
+        if not headers.shared_agree:
+            return self.shared_mismatch()
+        counts = headers.counts
+        dropped = dropped_names(names, droppable, headers.masks) if droppable and headers.any_dropped else frozenset()
+        inbound = Inbound(headers, counts, offsets(counts), dropped)
+        if route is None:
+            return Value(inbound)
+        sizes = headers.sizes
+        senders = np.flatnonzero(route[:, me]).tolist()
+        for s in senders:
+            at = starts[s] + HEADER_BYTES
+            inbound.frames[s] = buf[at : min(at + sizes[s], starts[s + 1])]  # (the eager part, if it did not fit)
+        if not (route & (np.asarray(sizes)[:, None] > eager)).any():
+            return Value(inbound)  # every payload rode whole in its eager chunk, on every rank
+        rest = remainder_counts(sizes, eager, route)
+        if rest.any():
+            out = b"".join(payload[int(eager[me, d]) :] if rest[me, d] else b"" for d in range(w) if d in mine)
+            recv = rest[:, me].tolist()
+            parts = split(self.all_to_all(out, rest[me].tolist(), recv), recv)
+            for s in range(w):
+                if recv[s]:
+                    inbound.frames[s] = inbound.frames[s].tobytes() + parts[s].tobytes()
+        return Value(inbound)
 
 
-_COLUMNS = " per-sample columns "  # what follows the reward's identity in a call's description (``Call.open``)
+_COLUMNS = " per-sample columns "  # what follows the reward's identity in a call's description (``_call.open_call``)
 
 
 def _reward_of(description: str) -> str:
@@ -251,42 +401,6 @@ def _reward_of(description: str) -> str:
 
 def _columns_of(description: str) -> str:
     return description.rsplit(SITE, 1)[0].split(_COLUMNS, 1)[-1]
-
-
-def shared_mismatch(session: Session, shared: SharedValues, function: str, channel: int, timeout: float) -> Error:
-    """The ranks made the same call with different shared arguments: every rank learns every rank's values.
-
-    Every rank enters it alike (the digests it compares are in the headers or check records every rank
-    received). One ``all_gather`` of the reports' sizes, then the reports; every rank raises the same
-    :class:`MismatchError`, naming the arguments, how each rank passed them, and what to do.
-    """
-    report = shared.report()
-    sizes = all_gather(session, [len(report)], channel, timeout)[:, 0].tolist()
-    blobs = broadcast_blobs(session, report, sizes, channel, timeout)
-    reports = [read_report(b) for b in blobs]
-    bad = [r for r, got in enumerate(reports) if got is None]
-    readable = [got if got is not None else {} for got in reports]
-    names = differing_shared(readable)
-    lines = []
-    for name in names:
-        shown = "; ".join(f"{text} on rank(s) {ranks}" for text, ranks in shared_values_by_rank(readable, name))
-        lines.append(f"  {name}: {shown}")
-    if bad:
-        lines.append(f"  (rank(s) {bad} sent an unreadable report of their shared arguments)")
-    which = ", ".join(map(repr, names)) if names else "(which ones could not be told)"
-    first = names[0] if names else "<name>"
-    return Error(
-        MismatchError(
-            f"ranks called synced function {function!r} with different values of the shared argument(s) {which}. "
-            "A shared argument (anything but a list, tuple, numpy array or tensor) is one value for the whole "
-            "batch: the batch would be scored with one rank's value, for every rank's samples:\n"
-            + "\n".join(lines)
-            + "\nHINT: if it holds one entry per sample, pass it as a list; if it is one value, make it the same "
-            f"on every rank (a sequence that is one value also needs shared=[{first!r}]); if it differs between "
-            f"ranks on purpose (a device, a rank index), pass exclude=[{first!r}]: it is then not checked, and "
-            "the scoring rank uses its own."
-        )
-    )
 
 
 def _blocks(header: bytes, payload: bytes | bytearray, counts: Sequence[int], mine: frozenset[int]) -> np.ndarray:
@@ -310,91 +424,142 @@ def _blocks(header: bytes, payload: bytes | bytearray, counts: Sequence[int], mi
     return send
 
 
-@dataclass
-class Inbound:
-    """What every rank knows after the inbound exchange of a call."""
+# ------------------------------------------------------------------------------------------------ results
 
-    headers: Headers
-    counts: list[int]
-    offsets: list[int]
-    dropped: frozenset[str]
-    frames: dict[int, Any] = field(default_factory=dict)  # rank -> its complete payload, for the ranks sent here
-
-    @property
-    def total(self) -> int:
-        return self.offsets[-1]
+_RESULT_BLOCKS: weakref.WeakKeyDictionary[Session, ResultBlocks] = weakref.WeakKeyDictionary()
+_RESULT_BLOCKS_LOCK = threading.Lock()
 
 
-def exchange_inbound(
-    session: Session,
+def result_blocks(session: Session) -> ResultBlocks:
+    """The result blocks of :func:`exchange_results` on ``session``: the size every rank's next block has."""
+    blocks = _RESULT_BLOCKS.get(session)
+    if blocks is None:
+        with _RESULT_BLOCKS_LOCK:
+            blocks = _RESULT_BLOCKS.setdefault(session, ResultBlocks())
+    return blocks
+
+
+def exchange_results(
+    link: Link,
+    fp: int,
+    seq: int,
+    counts: Sequence[int],
+    bodies: Mapping[int, bytes | bytearray] | BaseException | None,
     *,
-    header: bytes,
-    payload: bytes | bytearray,
-    route: np.ndarray | None,
-    error: BaseException | None,
-    blob: bytes,
-    description: str,
-    names: Sequence[str],
-    droppable: frozenset[str],
-    timeout: float,
-    function: str,
-    shared: SharedValues,
-) -> Value[Inbound] | Error:
-    """Send every rank this rank's header plus the start of its payload where ``route`` says; complete the payloads.
+    record: CallCheck | None = None,
+    root: int = 0,
+) -> Value[bytes] | Error:
+    """Rank ``root`` sends every other rank its result body, or its failure; return this rank's body.
 
-    ``route[src, dst]`` says whether ``src``'s payload goes to ``dst`` (``None``: no payload travels).
+    ``bodies`` is, on ``root``, the encoded body for every other rank, or ``root``'s failure; ``None``
+    elsewhere. ``fp`` and ``seq`` name the call (every receiver checks them), ``counts`` are every
+    rank's sample counts (they size the next blocks). With ``record`` (this rank's :class:`CallCheck`,
+    where no inbound exchange checked the call: a reward group's hit) every rank also sends every rank
+    its record, and every rank raises together if the records name different calls.
 
-    One ``all_to_all``: the block to rank ``d`` is the header followed by an *eager* chunk of the size the
-    session's predictor gives every rank for this pair (sizes every rank computes alike, so the collective
-    always matches). In the steady state the whole payload rides in it; the part that does not fit moves
-    in one more exact-size ``all_to_all``. Then, from the headers, every rank raises together if any rank
-    failed, the ranks are not making the same call, or they pass different ``shared`` arguments (this
-    rank's are ``shared``).
+    Every body rides in a block of the size the previous call's blocks announced, one size for every
+    rank (:class:`~syncreward._wire.ResultBlocks`), in one scatter (with ``record``: one ``all_to_all``);
+    a body that outgrew its block sends its tail in one more ``all_to_all``. Returns, on ``root``,
+    ``Value(b"")`` or its own failure; elsewhere the body, or an ``Error`` every rank raises (``root``
+    failed: a :class:`RemoteError`), or this rank's own (``root`` sent another call's results).
     """
-    w, me = session.world_size, session.rank
-    eager = session.predictor.predict()
-    mine = frozenset(np.flatnonzero(route[me]).tolist()) if route is not None and error is None else frozenset()
-    send_counts = (eager[me] + HEADER_BYTES).tolist()
-    send = _blocks(header, payload, send_counts, mine)
-    recv_counts = (eager[:, me] + HEADER_BYTES).tolist()
-    buf = all_to_all(session, send, send_counts, recv_counts, INBOUND, timeout)
-    starts = list(accumulate(recv_counts, initial=0))
-    headers = Headers.gather(buf, starts[:-1])
-    session.predictor.update(headers, route)
-    if headers.versions != {VERSION}:
+    blocks = result_blocks(link.session)
+    if link.rank == root:
+        return _send_results(link, blocks, fp, seq, counts, bodies, record, root)
+    return _receive_results(link, blocks, fp, seq, record, root)
+
+
+def _send_results(
+    link: Link,
+    blocks: ResultBlocks,
+    fp: int,
+    seq: int,
+    counts: Sequence[int],
+    outgoing: Mapping[int, bytes | bytearray] | BaseException | None,
+    record: CallCheck | None,
+    root: int,
+) -> Value[bytes] | Error:
+    w, cap = link.world_size, blocks.capacity  # what the previous blocks announced (one size for every rank)
+    error = outgoing if isinstance(outgoing, BaseException) else None
+    bodies: Mapping[int, bytes | bytearray] = {}
+    if isinstance(outgoing, BaseException):
+        blob = error_blob(outgoing)
+        bodies = {r: blob for r in range(w) if r != root}
+    elif outgoing is not None:
+        bodies = outgoing
+    status = OK if error is None else FAILED
+    nxt = blocks.announce(fp, {r: len(b) for r, b in bodies.items()} if status == OK else None, counts)
+    room = cap - ResultChunk.HEADER
+    overflow = any(len(body) > room for body in bodies.values())
+    send = bytearray()
+    for r in range(w):  # the root's own block is all zeros: a scatter sends every rank one block
+        body = bodies.get(r, b"")
+        send += ResultChunk(status, overflow, nxt, len(body), fp, seq).pack(body, cap)
+    checks = _blocks_exchange(link, send, cap, record, root)[1]
+    if overflow:
+        tails = [bodies[r][room:] if r in bodies else b"" for r in range(w)]
+        link.all_to_all(b"".join(tails), [len(t) for t in tails], [0] * w)
+    blocks.advance(nxt)
+    if checks is not None and (wrong := link.disagreement(checks)):
+        return wrong
+    return Error(error) if error is not None else Value(b"")
+
+
+def _receive_results(
+    link: Link, blocks: ResultBlocks, fp: int, seq: int, record: CallCheck | None, root: int
+) -> Value[bytes] | Error:
+    w, cap = link.world_size, blocks.capacity
+    room = cap - ResultChunk.HEADER
+    buf, checks = _blocks_exchange(link, None, cap, record, root)
+    chunk = ResultChunk.unpack(buf.data)
+    body = buf[ResultChunk.HEADER : ResultChunk.HEADER + min(chunk.body_bytes, room)].tobytes()
+    if chunk.overflow:
+        rest = max(0, chunk.body_bytes - room)
+        body += link.all_to_all(b"", [0] * w, [rest if s == root else 0 for s in range(w)]).tobytes()
+    blocks.advance(chunk.next_capacity)
+    if checks is not None and (wrong := link.disagreement(checks)):
+        return wrong
+    if (chunk.fp, chunk.seq) != (fp, seq):
         return Error(
             MismatchError(
-                f"ranks run different syncreward wire versions ({sorted(hex(v) for v in headers.versions)}). "
-                "HINT: install the same syncreward version on every node."
+                f"rank {root} sent the results of another synced call than this rank's {link.description}. "
+                f"HINT: {SAME_CALLS}."
             )
         )
-    problem = headers.problem()
-    if problem is not None:
-        return Error(CodecError(f"{problem}. HINT: every rank must run the same syncreward version."))
-    if headers.failed:
-        return report_failures(session, headers.statuses, headers.sizes, error, blob, INBOUND, timeout, function)
-    if not headers.agree:
-        return mismatch(session, headers.desc_sizes, description, INBOUND, timeout)
-    if not headers.shared_agree:
-        return shared_mismatch(session, shared, function, INBOUND, timeout)
-    counts = headers.counts
-    dropped = dropped_names(names, droppable, headers.masks) if droppable and headers.any_dropped else frozenset()
-    inbound = Inbound(headers, counts, offsets(counts), dropped)
-    if route is None:
-        return Value(inbound)
-    sizes = headers.sizes
-    senders = np.flatnonzero(route[:, me]).tolist()
-    for s in senders:
-        at = starts[s] + HEADER_BYTES
-        inbound.frames[s] = buf[at : min(at + sizes[s], starts[s + 1])]  # (the eager part, if it did not fit)
-    if not (route & (np.asarray(sizes)[:, None] > eager)).any():
-        return Value(inbound)  # every payload rode whole in its eager chunk, on every rank
-    rest = remainder_counts(sizes, eager, route)
-    if rest.any():
-        out = b"".join(payload[int(eager[me, d]) :] if rest[me, d] else b"" for d in range(w) if d in mine)
-        recv = rest[:, me].tolist()
-        parts = split(all_to_all(session, out, rest[me].tolist(), recv, INBOUND, timeout), recv)
-        for s in range(w):
-            if recv[s]:
-                inbound.frames[s] = inbound.frames[s].tobytes() + parts[s].tobytes()
-    return Value(inbound)
+    if chunk.status != OK:
+        try:
+            info = decode_value(body)
+            error = RemoteError(root, info["type"], info["message"], info["traceback"], function=link.function)
+        except BaseException as e:  # everything was exchanged: a local failure, the session stays usable
+            return Error(e)
+        return Error(error)
+    return Value(body)
+
+
+def _blocks_exchange(
+    link: Link, blocks: bytearray | None, cap: int, record: CallCheck | None, root: int
+) -> tuple[np.ndarray, list[CallCheck] | None]:
+    """Send every rank its ``cap``-byte block of ``blocks`` from ``root``; return this rank's block.
+
+    Without ``record`` (an inbound exchange showed every rank makes the same call) the blocks go out in
+    one scatter. With it, in an ``all_to_all`` in which every rank also sends every other rank its
+    record, so every rank can tell whether they all scored the same call (the returned checks, in rank
+    order).
+    """
+    if record is None:
+        return link.scatter(blocks or b"", cap, root), None
+    me, w = link.rank, link.world_size
+    head = record.pack()
+    extra = cap if me == root else 0
+    send = bytearray()
+    for d in range(w):
+        if d != me:
+            send += head
+            if blocks is not None:
+                send += blocks[d * cap : (d + 1) * cap]
+    send_counts = [0 if d == me else CallCheck.SIZE + extra for d in range(w)]
+    recv_counts = [0 if s == me else CallCheck.SIZE + (cap if s == root else 0) for s in range(w)]
+    parts = split(link.all_to_all(send, send_counts, recv_counts), recv_counts)
+    checks = [record if s == me else CallCheck.unpack(parts[s][: CallCheck.SIZE].tobytes()) for s in range(w)]
+    block = parts[root][CallCheck.SIZE :] if me != root else np.zeros(cap, dtype=np.uint8)
+    return block, checks

@@ -40,9 +40,10 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from ._call import Call, Inputs, Payload, Spec, open_call, unbound_call
 from ._errors import MismatchError, call_words, reason_of, stuck_error
 from ._identity import NO_CALLER, Site
-from ._modes._base import Call, Inputs, Payload, Scoring, Spec
+from ._modes._base import Scoring
 from ._outcome import Error, Outcome, Value, capture, settle
 from ._session import live_sessions, session_for
 from ._wire import INBOUND, OUTBOUND
@@ -94,11 +95,11 @@ class _Score(NamedTuple):
 _Sequence = Generator["_Exchange | _Score", Outcome[Any], Outcome[Any]]
 
 
-def _sequence(call: Call, own: Outcome[Payload]) -> _Sequence:
+def _sequence(call: Call, payload: Outcome[Payload]) -> _Sequence:
     """One call, start to end, for every driver; returns the call's outcome on this rank."""
     mode, session = call.spec.impl, call.session
-    mine = own.error if isinstance(own, Error) else None  # this rank's own failure, once it has one
-    got = yield _Exchange(INBOUND, lambda: mode.inbound(call, own))
+    mine = payload.error if isinstance(payload, Error) else None  # this rank's own failure, once it has one
+    got = yield _Exchange(INBOUND, lambda: mode.inbound(call, payload))
     if isinstance(got, Error):  # failed on every rank (or the session broke): no rank takes its channel-1 turn
         session.skip(OUTBOUND, call.seq)
         return settle(mine, got)
@@ -122,14 +123,14 @@ def _open(
     session = session_for(backend, spec.name)
     seq, problem = session.open(is_async, task)
     try:
-        call, own = Call.open(spec, session, seq, site, args, kwargs, problem)
+        call, payload = open_call(spec, session, seq, site, args, kwargs, problem)
     except BaseException:  # KeyboardInterrupt while binding: the sequence number is taken, so finish the call
         session.finish(seq)
-        unbound = Call.unbound(spec, session, seq, site)
+        unbound = unbound_call(spec, session, seq, site)
         interrupted = KeyboardInterrupt("synced call interrupted while preparing")
         _abandon(unbound, _sequence(unbound, Error(interrupted)), None, interrupted)
         raise
-    return call, _sequence(call, own)
+    return call, _sequence(call, payload)
 
 
 def _score(fn: Callable[..., Any], request: _Score) -> Outcome[Any]:

@@ -51,7 +51,7 @@ from ._errors import (
 )
 from ._outcome import Error, Outcome, Value
 from ._turnstile import Latch, Turnstile
-from ._wire import Predictor, ResultBlocks
+from ._wire import Predictor
 from .backends import Backend
 from .backends._cache import on_release
 from .backends._protocol import abandons
@@ -76,7 +76,6 @@ class Session:
         self.latch = Latch()
         self.turns = (Turnstile(self.latch, self.break_), Turnstile(self.latch, self.break_))
         self.predictor = Predictor(self.world_size)
-        self.result_blocks = ResultBlocks()  # main mode's: the size every rank's next block has
         self._seq = 0
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[int, bool]] = {}  # seq -> (thread id, async)

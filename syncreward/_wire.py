@@ -7,7 +7,7 @@ the *process* when two ranks disagree about the size of a collective.
 
 The header every rank sends every other rank at the start of a call (int64 words)::
 
-    [version, seq, status, fingerprint, step, n_samples, payload_bytes, description_bytes, aux, shared,
+    [version, seq, status, fingerprint, step, n_samples, payload_bytes, description_bytes, mode_word, shared,
      drop_mask x4]
 
 * ``seq``: the call's sequence number on its session; ``step``: the training step the call belongs to
@@ -20,6 +20,9 @@ The header every rank sends every other rank at the start of a call (int64 words
   samples with one rank's value.
 * ``status``: ``OK``, or ``FAILED`` when this rank failed before the exchange; then ``payload_bytes``
   is the size of its error blob, which travels instead of the payload.
+* ``mode_word``: a word the call's mode fills, which every rank reads from every rank's header
+  (``mode="shard"`` with ``group_by``: the size of the rank's group-key frame; a reward group's miss:
+  whether the rank's columns prove identity; else 0).
 * ``drop_mask``: the ``**kwargs`` columns this rank leaves behind (they hold non-plain data). Column
   ``i`` of the sorted column names is bit ``i``; past ``MAX_EXACT_DROPS`` columns, a column's bit is a
   hash of its name, so a collision can only leave one more column behind (which the function then
@@ -64,7 +67,6 @@ __all__ = [
     "fingerprint",
     "offsets",
     "remainder_counts",
-    "routes",
     "ResultPredictor",
     "SharedValues",
     "differing_shared",
@@ -72,9 +74,8 @@ __all__ = [
     "split",
 ]
 
-VERSION = 0x5352_0005  # 5: the header and the check record carry the digest of the shared arguments; 4: shard
-# mode's group_by keys travel as 16-byte content digests; 3: replicate's check record
-H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_DESC, H_AUX, H_SHARED, H_DROP = range(11)
+VERSION = 0x5352_0005  # the first header word: ranks that run another version raise (each version: CHANGELOG.md)
+H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_DESC, H_MODE_WORD, H_SHARED, H_DROP = range(11)
 DROP_WORDS = 4
 HEADER_LEN = H_DROP + DROP_WORDS
 DROP_BITS = 63 * DROP_WORDS
@@ -144,11 +145,11 @@ def pack_header(
     n: int,
     size: int,
     desc: int,
-    aux: int,
+    mode_word: int,
     mask: Sequence[int],
     shared: int = NO_SHARED,
 ) -> bytes:
-    words = [VERSION, seq, status, fp, step, n, size, desc, aux, shared, *mask]
+    words = [VERSION, seq, status, fp, step, n, size, desc, mode_word, shared, *mask]
     return np.asarray(words, dtype=np.int64).tobytes()
 
 
@@ -175,10 +176,6 @@ class Headers:
     @cached_property
     def _words(self) -> list[list[int]]:
         return self.rows.T.tolist()  # type: ignore[no-any-return]
-
-    def column(self, word: int) -> list[int]:
-        """One header word of every rank, in rank order (the table's own list: read it, never modify it)."""
-        return self._words[word]
 
     @property
     def versions(self) -> set[int]:
@@ -218,8 +215,13 @@ class Headers:
         return self._words[H_DESC]
 
     @property
-    def aux(self) -> list[int]:
-        return self._words[H_AUX]
+    def mode_words(self) -> list[int]:
+        """Every rank's mode word: what its mode says in the header.
+
+        ``mode="shard"`` with ``group_by``: the size of its key frame; a reward group's miss: whether its
+        columns prove identity.
+        """
+        return self._words[H_MODE_WORD]
 
     @property
     def masks(self) -> np.ndarray:
@@ -240,7 +242,7 @@ class Headers:
             (H_N, "sample count"),
             (H_SIZE, "payload size"),
             (H_DESC, "description size"),
-            (H_AUX, "aux"),
+            (H_MODE_WORD, "mode word"),
         ):
             values = self._words[col]
             if min(values) < 0 or max(values) > MAX_FIELD:
@@ -502,30 +504,19 @@ def shared_values_by_rank(
 
 # --------------------------------------------------------------------------------------------- payloads
 
-Dests = Callable[[int], Sequence[int]]
 
+def eager_sizes(sizes: Sequence[int], route: np.ndarray) -> np.ndarray:
+    """Per-pair eager chunk sizes ``[src, dst]`` for a call whose payloads are ``sizes`` bytes.
 
-def routes(world_size: int, dests: Dests) -> np.ndarray:
-    """The ``(src, dst)`` boolean matrix of where a mode sends payloads (built once per call: O(W²))."""
-    out = np.zeros((world_size, world_size), dtype=bool)
-    for s in range(world_size):
-        out[s, list(dests(s))] = True
-    return out
-
-
-def eager_sizes(sizes: Sequence[int], route: np.ndarray | Dests) -> np.ndarray:
-    """Per-pair eager chunk sizes ``[src, dst]`` for a call whose payloads are ``sizes`` bytes."""
-    if callable(route):
-        route = routes(len(sizes), route)
+    ``route`` is the ``(src, dst)`` boolean matrix of where its mode sends payloads.
+    """
     per_src = (np.asarray(sizes, dtype=np.float64) * EAGER_MARGIN).astype(np.int64)
     chunk = np.minimum(np.maximum((per_src + 7) // 8 * 8, 0), MAX_EAGER)
     return np.where(route, chunk[:, None], 0)
 
 
-def remainder_counts(sizes: Sequence[int], eager: np.ndarray, route: np.ndarray | Dests) -> np.ndarray:
+def remainder_counts(sizes: Sequence[int], eager: np.ndarray, route: np.ndarray) -> np.ndarray:
     """``rest[src, dst]``: bytes of ``src``'s payload that did not fit in its eager chunk to ``dst``."""
-    if callable(route):
-        route = routes(len(sizes), route)
     rest = np.asarray(sizes, dtype=np.int64)[:, None] - eager
     return np.where(route, np.maximum(rest, 0), 0).astype(np.int64)
 
@@ -583,7 +574,7 @@ class Predictor:
         sizes = self.order.predict()
         return sizes if sizes is not None else np.zeros((self.world_size, self.world_size), dtype=np.int64)
 
-    def update(self, headers: Headers, dests: np.ndarray | Dests | None) -> None:
+    def update(self, headers: Headers, dests: np.ndarray | None) -> None:
         """Record a call: ``dests`` is how its mode routes payloads (``None``: no eager payload)."""
         fp = headers.fp
         self.order.record(fp, eager_sizes(headers.sizes, dests) if fp and dests is not None else None)

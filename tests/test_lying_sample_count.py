@@ -16,18 +16,17 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from syncreward import SyncRewardError, synced_reward
-from syncreward._modes import _base
+from syncreward import SyncRewardError, _call, synced_reward
 from syncreward._wire import H_N
 from syncreward.testing import run_threads
 
 LIE = 20_000_000
-_header = _base.Call.header
+_header = _call.header
 
 
-def _lying_header(self: _base.Call, *args: Any) -> bytes:
-    header = _header(self, *args)
-    if self.rank != 1:
+def _lying_header(call: _call.Call, *args: Any) -> bytes:
+    header = _header(call, *args)
+    if call.rank != 1:
         return header
     words = np.frombuffer(header, dtype=np.int64).copy()
     words[H_N] = LIE
@@ -60,7 +59,7 @@ def test_every_rank_raises_at_once_without_allocating_the_announced_batch(name: 
     tracemalloc.start()
     t = time.perf_counter()
     try:
-        with mock.patch.object(_base.Call, "header", _lying_header):
+        with mock.patch.object(_call, "header", _lying_header):
             got = run_threads(body, 3, timeout=30)
         seconds, peak = time.perf_counter() - t, tracemalloc.get_traced_memory()[1]
     finally:

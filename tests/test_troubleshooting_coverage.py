@@ -34,11 +34,11 @@ ERROR_TYPES = {*syncreward.__all__, "TypeError", "ValueError", "ImportError", "R
 TYPE_LEVEL = {"CodecError": "every corrupt or hostile payload: one cause, one entry"}
 NOT_USER_MESSAGES = {  # (file, enclosing function, type): why the site needs no entry of its own
     ("_codec.py", "encode_frame", "ValueError"): "an internal caller's bug (frames are aligned by syncreward)",
-    ("_modes/_base.py", "open", "MismatchError"): "re-raises a message the session built (its entries cover it)",
+    ("_call.py", "open_call", "MismatchError"): "re-raises a message the session built (its entries cover it)",
     ("_demo.py", "run_demo", "ValueError"): "the demo's command line (`python -m syncreward demo --help`)",
     ("_lifecycle.py", "call_async", "MismatchError"): "re-raises the session's message for ambiguous async calls",
-    ("_modes/shard.py", "_canonical", "TypeError"): "caught by group_keys, which raises the InputError quoted",
-    ("_modes/shard.py", "_canonical_other", "TypeError"): "caught by group_keys, which raises the InputError quoted",
+    ("_keys.py", "_canonical", "TypeError"): "caught by group_keys, which raises the InputError quoted",
+    ("_keys.py", "_canonical_other", "TypeError"): "caught by group_keys, which raises the InputError quoted",
     ("testing.py", "exchange", "CommunicationError"): (
         "the test double repeats a failure of another thread-rank; run_threads reports it under RanksFailed"
     ),

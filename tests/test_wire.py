@@ -10,6 +10,7 @@ from syncreward._wire import (
     BASE_CAPACITY,
     DROP_BITS,
     FAILED,
+    H_SHARED,
     HEADER_LEN,
     MAX_EAGER,
     MAX_SHARED_ITEMS,
@@ -29,7 +30,6 @@ from syncreward._wire import (
     pack_header,
     read_report,
     remainder_counts,
-    routes,
     shared_key,
     shared_values_by_rank,
     split,
@@ -39,7 +39,17 @@ from syncreward._wire import differing_shared as differing
 
 
 def headers(*rows: dict[str, int]) -> Headers:
-    defaults = {"seq": 0, "status": OK, "fp": 7, "step": NO_STEP, "n": 1, "size": 0, "desc": 0, "aux": 0, "shared": 0}
+    defaults = {
+        "seq": 0,
+        "status": OK,
+        "fp": 7,
+        "step": NO_STEP,
+        "n": 1,
+        "size": 0,
+        "desc": 0,
+        "mode_word": 0,
+        "shared": 0,
+    }
     packed = []
     for r in rows:
         fields = {**defaults, **{k: v for k, v in r.items() if k != "mask"}}
@@ -47,24 +57,28 @@ def headers(*rows: dict[str, int]) -> Headers:
     return Headers(np.stack(packed))
 
 
-def to_root(src: int) -> tuple[int, ...]:
-    return () if src == 0 else (0,)
+def to_root(w: int) -> np.ndarray:
+    """``main``'s route: every rank's payload to rank 0."""
+    out = np.zeros((w, w), dtype=bool)
+    out[1:, 0] = True
+    return out
 
 
-def to_all(w: int):  # type: ignore[no-untyped-def]
-    return lambda src: [d for d in range(w) if d != src]
+def to_all(w: int) -> np.ndarray:
+    """``replicate``'s route: every rank's payload to every other rank."""
+    return ~np.eye(w, dtype=bool)
 
 
 # --------------------------------------------------------------------------------------------- headers
 
 
 def test_header_round_trips_every_field() -> None:
-    h = headers({"seq": 5, "fp": -3, "step": 12, "n": 4, "size": 100, "desc": 9, "aux": 2, "mask": [1, 0, 0, 2]})
+    h = headers({"seq": 5, "fp": -3, "step": 12, "n": 4, "size": 100, "desc": 9, "mode_word": 2, "mask": [1, 0, 0, 2]})
     assert h.rows.shape == (1, HEADER_LEN)
-    assert h.counts == [4] and h.sizes == [100] and h.desc_sizes == [9] and h.aux == [2]
+    assert h.counts == [4] and h.sizes == [100] and h.desc_sizes == [9] and h.mode_words == [2]
     assert h.masks.tolist() == [[1, 0, 0, 2]]
     assert h.agree and h.fp == -3 and not h.failed
-    assert headers({"shared": -9}).column(9) == [-9]
+    assert headers({"shared": -9}).rows[0, H_SHARED] == -9
 
 
 def test_headers_that_differ_only_in_shared_arguments_agree_on_the_call_but_not_on_its_arguments() -> None:
@@ -88,7 +102,7 @@ def test_failed_status_is_reported_and_agreement_is_not_trusted() -> None:
     assert h.fp == 0
 
 
-@pytest.mark.parametrize(("field", "value"), [("n", -1), ("size", -5), ("desc", 1 << 50), ("aux", -2)])
+@pytest.mark.parametrize(("field", "value"), [("n", -1), ("size", -5), ("desc", 1 << 50), ("mode_word", -2)])
 def test_hostile_header_sizes_are_named_not_acted_on(field: str, value: int) -> None:
     problem = headers({}, {field: value}).problem()
     assert problem is not None and "rank(s) [1]" in problem
@@ -101,7 +115,7 @@ def test_sane_headers_have_no_problem() -> None:
 def test_headers_are_read_from_the_start_of_each_received_block() -> None:
     # the inbound exchange's receive buffer: each rank's block is its header, then (part of) its payload
     rows = [
-        pack_header(seq=3, status=OK, fp=9, step=NO_STEP, n=n, size=size, desc=0, aux=0, mask=mask)
+        pack_header(seq=3, status=OK, fp=9, step=NO_STEP, n=n, size=size, desc=0, mode_word=0, mask=mask)
         for n, size, mask in ((2, 5, [0, 0, 0, 0]), (0, 0, [0, 4, 0, 0]), (7, 11, [0, 0, 0, 0]))
     ]
     blocks = [rows[0] + b"abcde" + bytes(3), rows[1], rows[2] + bytes(range(16))]
@@ -147,7 +161,7 @@ def test_offsets_and_split() -> None:
 
 
 def test_eager_sizes_follow_the_routes_with_a_margin_and_a_cap() -> None:
-    eager = eager_sizes([0, 100, 10 << 20], to_root)
+    eager = eager_sizes([0, 100, 10 << 20], to_root(3))
     assert eager[1, 0] >= 120 and eager[1, 0] % 8 == 0
     assert eager[2, 0] == MAX_EAGER
     assert eager[0].tolist() == [0, 0, 0] and eager[:, 1:].sum() == 0
@@ -155,15 +169,15 @@ def test_eager_sizes_follow_the_routes_with_a_margin_and_a_cap() -> None:
 
 def test_remainder_is_what_did_not_fit() -> None:
     eager = np.array([[0, 0], [64, 0]], dtype=np.int64)
-    assert remainder_counts([0, 100], eager, to_root).tolist() == [[0, 0], [36, 0]]
-    assert remainder_counts([0, 50], eager, to_root).tolist() == [[0, 0], [0, 0]]
+    assert remainder_counts([0, 100], eager, to_root(2)).tolist() == [[0, 0], [36, 0]]
+    assert remainder_counts([0, 50], eager, to_root(2)).tolist() == [[0, 0], [0, 0]]
 
 
 def test_size_arithmetic_is_quadratic_not_cubic_in_world_size() -> None:
     """At W=1024 the per-call size arithmetic of replicate (every pair routed) stays well under a second."""
     w = 1024
     sizes = list(range(w))
-    route = routes(w, to_all(w))
+    route = to_all(w)
     eager = eager_sizes(sizes, route)
     rest = remainder_counts([s + 1000 for s in sizes], eager, route)
     assert eager.shape == rest.shape == (w, w)
@@ -177,7 +191,7 @@ def test_size_arithmetic_is_quadratic_not_cubic_in_world_size() -> None:
 def test_prediction_learns_one_function_after_one_call() -> None:
     p = Predictor(2)
     assert p.predict().sum() == 0
-    p.update(headers({"fp": 1, "size": 0}, {"fp": 1, "size": 400}), to_root)
+    p.update(headers({"fp": 1, "size": 0}, {"fp": 1, "size": 400}), to_root(2))
     assert p.predict()[1, 0] >= 400
 
 
@@ -187,26 +201,26 @@ def test_prediction_follows_a_cycle_of_several_rewards_per_step() -> None:
     sizes = {11: 5000, 22: 80, 33: 900}
     for _ in range(2):  # learn
         for fp, size in sizes.items():
-            p.update(headers({"fp": fp}, {"fp": fp, "size": size}), to_root)
+            p.update(headers({"fp": fp}, {"fp": fp, "size": size}), to_root(2))
     for fp, size in sizes.items():  # the steady state: each call's chunk fits its own payload, no one else's
         predicted = int(p.predict()[1, 0])
         assert size <= predicted <= size * 1.2 + 8, (fp, size, predicted)
-        p.update(headers({"fp": fp}, {"fp": fp, "size": size}), to_root)
+        p.update(headers({"fp": fp}, {"fp": fp, "size": size}), to_root(2))
 
 
 def test_predictions_are_a_function_of_the_shared_headers_only() -> None:
     """Ranks about to make different calls still predict the same sizes (else gloo aborts)."""
     a, b = Predictor(2), Predictor(2)
     for h in (headers({"fp": 1}, {"fp": 1, "size": 64}), headers({"fp": 2}, {"fp": 3, "size": 999})):
-        a.update(h, to_root)
-        b.update(h, to_root)
+        a.update(h, to_root(2))
+        b.update(h, to_root(2))
         assert (a.predict() == b.predict()).all()
 
 
 def test_a_mismatched_or_failed_call_teaches_nothing() -> None:
     p = Predictor(2)
-    p.update(headers({"fp": 4}, {"fp": 5, "size": 999}), to_root)
-    p.update(headers({"fp": 6, "status": FAILED}, {"fp": 6, "size": 999}), to_root)
+    p.update(headers({"fp": 4}, {"fp": 5, "size": 999}), to_root(2))
+    p.update(headers({"fp": 6, "status": FAILED}, {"fp": 6, "size": 999}), to_root(2))
     assert p.predict().sum() == 0
 
 

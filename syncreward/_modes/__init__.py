@@ -4,6 +4,9 @@ Adding a mode is its file (a ``Mode`` subclass: see ``_base``) and its line in :
 name in :data:`ModeName` (the type checker's copy of the registry's keys, checked against it by
 ``tests/test_decorator.py``) -- and in :data:`GatherModeName` too if it gathers the whole batch
 (``GatherMode``: it can then run a reward group).
+
+A reward group's mode (``group.GroupMode``, made by ``synced_rewards``) is not in the registry: it wraps
+the gathering mode its members name.
 """
 
 from __future__ import annotations

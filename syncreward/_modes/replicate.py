@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from .._batch import rebuild_result, result_columns, take_columns
-from .._exchange import Inbound, status_round
+from .._batch import split_result
+from .._call import Call, link, record
+from .._exchange import OUTBOUND, Inbound
 from .._logs import Logs
 from .._outcome import Error, Outcome, Value
-from .._wire import OUTBOUND
-from ._base import Call, GatherMode, GatherScoring
+from ._base import GatherMode, GatherScoring
 
 __all__ = ["ReplicateMode"]
 
@@ -46,25 +46,12 @@ class ReplicateMode(GatherMode):
 
     def outbound(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
         got = scoring.inbound
-        own: Any = None
-        error = result.error if isinstance(result, Error) else None
-        if isinstance(result, Value):
-            try:
-                keys, cols = result_columns(result.value, got.total, call.spec.name)
-                own = rebuild_result(
-                    keys, take_columns(cols, slice(got.offsets[call.rank], got.offsets[call.rank + 1])), None
-                )
-            except BaseException as e:
-                error = e
-        # every call's status round carries its check record: a reward group's hit had no inbound header check
-        done = status_round(
-            call.session,
-            error,
-            OUTBOUND,
-            call.timeout,
-            call.spec.name,
-            check=call.check(),
-            description=call.description,
-            shared=call.shared,
+        split = (
+            split_result(result.value, got.offsets, call.spec.name, here=call.rank)
+            if isinstance(result, Value)
+            else result
         )
-        return done if isinstance(done, Error) else Value(own)
+        # every call's status round carries its check record: a reward group's hit had no inbound header check
+        mine = split.error if isinstance(split, Error) else None
+        done = link(call, OUTBOUND).status_round(mine, record=record(call))
+        return done if isinstance(done, Error) else Value(split.value.result if isinstance(split, Value) else None)

@@ -2,8 +2,13 @@
 
 Three rewards -- two plain, one ``async def`` -- synced as one group with ``synced_rewards``: TRL hands
 each the same column objects every step, so the columns travel once per step. Each records what it
-received and returns ``float(prompt_id)`` per completion (so the test checks every reward's rows); the
-group's hit/miss counts are recorded as a ``group_stats`` line after every call.
+received and returns ``float(prompt_id)`` per completion (so the test checks every reward's rows).
+
+After every call a ``group_stats`` line records how many inbound exchanges this rank has made so far:
+the backend's ``all_to_all`` calls on channel 0, the first of the two channels of the ``Backend``
+protocol, which carries every call's inputs (counted by wrapping the torch backend's method, which the
+accelerate backend inherits). A call that gathered its columns made one or more; a call served by what
+an earlier call of its group gathered made none.
 """
 
 from __future__ import annotations
@@ -15,13 +20,29 @@ import os
 from rewards_probe import OUT_ENV, _lock, _log, current_rank, record
 
 from syncreward import synced_rewards
+from syncreward.backends.torch_distributed import TorchDistributedBackend
+
+INBOUND_CHANNEL = 0
+_inbound = [0]
+_all_to_all = TorchDistributedBackend.all_to_all
+
+
+def _counting_all_to_all(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    if kwargs.get("channel") == INBOUND_CHANNEL:
+        with _lock:
+            _inbound[0] += 1
+    return _all_to_all(self, *args, **kwargs)
+
+
+TorchDistributedBackend.all_to_all = _counting_all_to_all  # type: ignore[method-assign]
 
 
 def _stats() -> None:
-    group = group_accuracy.__syncreward_spec__.impl.group  # type: ignore[attr-defined]
     out = os.environ.get(OUT_ENV)
     if out:
-        rec = {"func": "group_stats", "rank": current_rank(), "hits": group.hits, "misses": group.misses}
+        with _lock:
+            inbound = _inbound[0]
+        rec = {"func": "group_stats", "rank": current_rank(), "inbound_exchanges": inbound}
         with _lock, open(os.path.join(out, f"rank{rec['rank']}.jsonl"), "a") as fh:
             fh.write(json.dumps(rec) + "\n")
 

@@ -1,4 +1,4 @@
-"""Reward groups: several synced rewards of one step share one exchange of the columns they all receive.
+"""Reward groups (``synced_rewards``): several synced rewards of one step share one exchange of their columns.
 
 TRL calls every reward of a step with the same arguments -- the same ``prompts``, ``completions``,
 ``completion_ids`` and dataset-column *objects* -- one reward after the other (the ``async`` ones
@@ -19,7 +19,7 @@ makes that decision the same on every rank:
 * **only objects that prove identity count.** An empty column, or a tuple (immutable: the empty tuple
   is a singleton, and a constant tuple is the same object every time its code runs), could be "the
   same object" at a later step on one rank while the other ranks pass new lists. Each rank says in the
-  miss's header (``aux``) whether its columns prove identity -- non-empty lists, numpy arrays, tensors
+  miss's header (its mode word) whether its columns prove identity -- non-empty lists, numpy arrays, tensors
   (:func:`proves_identity`) -- and the kept columns serve later calls only if they did **on every
   rank**: every rank reads the same headers, so every rank keeps the same verdict;
 * **the rest is the program's own.** Where every rank's columns prove identity, a rank decides
@@ -33,7 +33,8 @@ makes that decision the same on every rank:
   different shared arguments) raise ``MismatchError`` on every rank, the scoring rank included --
   where every rank's call is a hit. A different order that makes one rank's call a miss (it names a
   column the earlier call left behind) and another's a hit leaves them in different exchanges until
-  ``timeout=`` (a strict xfail in ``tests/test_refactor_review.py``).
+  ``timeout=`` (a strict xfail:
+  ``test_reward_group_members_in_another_order_where_one_rank_misses_raise_mismatch_on_every_rank_at_once``).
 
 An inbound exchange that fails (on every rank) makes every rank forget what was kept.
 """
@@ -50,12 +51,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._binding import Bound
-from ._exchange import Inbound
-from ._modes._base import Call, GatherMode, GatherScoring, Mode, Payload
-from ._options import Options
-from ._outcome import Error, Outcome, Value, capture
-from ._session import Session
+from .._binding import Bound
+from .._call import Call, Payload, exchange
+from .._exchange import Inbound
+from .._options import Options
+from .._outcome import Error, Outcome, Value, capture
+from .._session import Session
+from ._base import GatherMode, GatherScoring, Mode
 
 __all__ = ["GroupMode", "RewardGroup"]
 
@@ -137,18 +139,18 @@ class GroupMode(Mode[GatherScoring]):
     def prepare(self, call: Call) -> Payload:
         return Payload()  # encoding waits for the inbound turn: a hit sends nothing
 
-    def inbound(self, call: Call, own: Outcome[Payload]) -> Value[GatherScoring] | Error:
+    def inbound(self, call: Call, payload: Outcome[Payload]) -> Value[GatherScoring] | Error:
         base, session = self.base, call.session
         kept = self.group.kept(session)
-        if isinstance(own, Value) and call.bound is not None and kept is not None and kept.matches(call.bound):
+        if isinstance(payload, Value) and call.bound is not None and kept is not None and kept.matches(call.bound):
             self.group.hits += 1
-            # no inbound exchange checked this call: its result exchange must (``shared``)
-            return Value(base.scoring_for(call, kept.inbound, kept.values_copy(), shared=True))
+            # no inbound exchange checked this call: its result exchange must (``reused``)
+            return Value(base.scoring_for(call, kept.inbound, kept.values_copy(), reused=True))
         self.group.misses += 1
-        if isinstance(own, Value):  # encoded in this turn: any failure (a KeyboardInterrupt too) travels
-            own = capture(base.prepare, call)
+        if isinstance(payload, Value):  # encoded in this turn: any failure (a KeyboardInterrupt too) travels
+            payload = capture(base.prepare, call)
         proves = call.bound is not None and all(proves_identity(c.values) for c in call.bound.columns)
-        got = call.exchange(own, base.route(call.world_size), aux=int(proves))
+        got = exchange(call, payload, base.route(call.world_size), mode_word=int(proves))
         if isinstance(got, Error):
             self.group.forget(session)
             return got
@@ -159,7 +161,7 @@ class GroupMode(Mode[GatherScoring]):
             # merge that failed here is kept too: a hit then fails, and fails on every rank)
             local = {c.name: c.values for c in call.bound.columns}
             lengths = {c.name: len(c.values) for c in call.bound.columns}
-            kept = _Kept(call.bound.step, local, lengths, all(inbound.headers.aux), inbound, values)
+            kept = _Kept(call.bound.step, local, lengths, all(inbound.headers.mode_words), inbound, values)
             self.group.keep(session, kept)
             values = kept.values_copy()
         return Value(base.scoring_for(call, inbound, values))

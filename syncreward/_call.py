@@ -1,0 +1,303 @@
+"""One synced call on this rank: its record (:class:`Call`), how it is built, and what it sends first.
+
+A :class:`Call` is a plain record, made once before the call's turn by :func:`open_call` (bind the
+arguments, fingerprint the call, describe it, hash its shared arguments, let the mode prepare its
+:class:`Payload`) and never changed afterwards. The functions here are what every mode does with a
+call the same way: :func:`link` (its transfers on a channel, ``_exchange.Link``), :func:`exchange`
+(its inbound exchange: header and payload, or this rank's failure), :func:`merge` (the gathered
+columns), :func:`inputs` (the function's arguments), :func:`record` (its ``CallCheck``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from ._batch import encodable, merge_frames
+from ._binding import Binder, Bound
+from ._codec import C_TENSOR, CONTAINERS, encode_frame
+from ._errors import MismatchError
+from ._exchange import INBOUND, SITE, Inbound, Link
+from ._identity import Identity, Site, owner_config
+from ._options import Options
+from ._outcome import Error, Outcome, Value
+from ._session import Session
+from ._wire import FAILED, NO_STEP, OK, CallCheck, SharedValues, drop_mask, error_blob, fingerprint, pack_header
+
+__all__ = [
+    "Call",
+    "Hooks",
+    "Inputs",
+    "Payload",
+    "Spec",
+    "encode",
+    "encodable_here",
+    "exchange",
+    "inputs",
+    "link",
+    "merge",
+    "open_call",
+    "record",
+    "unbound_call",
+]
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]  # the positional and keyword arguments the function is scored with
+_NOTHING_SHARED = SharedValues({})  # a call without shared arguments to check (TRL's: only trainer_state and logs)
+
+
+class Hooks(Protocol):
+    """What the lifecycle asks of a call's mode (``_modes._base.Mode``: the contract, documented there)."""
+
+    shares_arguments: bool
+
+    def prepare(self, call: Call) -> Payload: ...
+
+    def inbound(self, call: Call, payload: Outcome[Payload]) -> Value[Any] | Error: ...
+
+    def outbound(self, call: Call, scoring: Any, result: Outcome[Any]) -> Outcome[Any]: ...
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything about a decorated function that does not change between calls."""
+
+    fn: Callable[..., Any]
+    name: str
+    identity: Identity  # the reward's name, configuration and ``__name__`` (``_identity``), alike on every rank
+    options: Options
+    binder: Binder
+    impl: Hooks  # the mode object that runs the calls (a reward group's members share one)
+
+    @property
+    def key(self) -> str:
+        o = self.options
+        group = f", group_size={o.group_size}" if o.group_size else ""
+        group += f", group_by={o.group_by!r}" if o.group_by else ""
+        pickle = ", allow_pickle=True" if o.allow_pickle else ""
+        return f"{self.identity.key()}(mode={o.mode!r}{group}{pickle})"
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What a call sends in its inbound exchange, made by ``Mode.prepare`` on the caller's thread."""
+
+    frame: bytes | bytearray = b""  # the encoded columns (or what the mode sends first: shard's group keys)
+    dropped: tuple[str, ...] = ()  # the ``**kwargs`` columns this rank leaves behind (non-plain data)
+
+
+@dataclass(frozen=True, eq=False)
+class Call:
+    """One synced call on this rank, as prepared before its turn: never changed afterwards.
+
+    What the call's own preparation produced (its :class:`Payload`, or this rank's failure) is returned
+    beside it by :func:`open_call`, not stored in it: the lifecycle hands that outcome to ``Mode.inbound``.
+    """
+
+    spec: Spec
+    session: Session
+    seq: int
+    site: Site  # where the call comes from (``_identity.call_site``): its ``key`` is part of the fingerprint
+    bound: Bound | None  # None: binding the arguments failed
+    fp: int
+    description: str
+    shared: SharedValues  # the shared arguments every rank must pass alike (their digest is in the header)
+    # (none in a mode where every rank scores with its own: ``Mode.shares_arguments``)
+
+    @property
+    def rank(self) -> int:
+        return self.session.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.session.world_size
+
+    @property
+    def timeout(self) -> float:
+        return self.spec.options.timeout
+
+    @property
+    def step(self) -> int:
+        return self.bound.step if self.bound is not None else NO_STEP
+
+    @cached_property
+    def names(self) -> list[str]:
+        return [c.name for c in self.bound.columns] if self.bound is not None else []
+
+    @property
+    def droppable(self) -> frozenset[str]:
+        return self.bound.droppable if self.bound is not None else frozenset()
+
+
+def open_call(
+    spec: Spec,
+    session: Session,
+    seq: int,
+    site: Site,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    problem: str | None,
+) -> tuple[Call, Value[Payload] | Error]:
+    """Bind the arguments, fingerprint the call, let the mode prepare its payload (or fail: an ``Error``)."""
+    try:
+        if problem is not None:
+            raise MismatchError(problem)
+        bound = spec.binder.bind(args, kwargs)
+    except Exception as e:
+        return unbound_call(spec, session, seq, site), Error(e)
+    call = _build(spec, session, seq, site, bound)
+    try:  # before the turn: an interrupt is raised at once (the lifecycle finishes the call)
+        return call, Value(spec.impl.prepare(call))
+    except Exception as e:
+        return call, Error(e)
+
+
+def unbound_call(spec: Spec, session: Session, seq: int, site: Site) -> Call:
+    """A call whose arguments could not be bound (it can only fail, on every rank)."""
+    return _build(spec, session, seq, site, None)
+
+
+def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | None) -> Call:
+    cols = ", ".join(f"{c.name}:{CONTAINERS[c.container]}" for c in bound.columns) if bound else "?"
+    key = spec.key
+    if bound is not None and spec.identity.method and "self" in bound.shared:  # @synced_reward on a method
+        key = f"{key} of self{owner_config(bound.shared['self'])}"
+    schema = f"{key} per-sample columns [{cols}]{SITE}"
+    step = bound.step if bound is not None else NO_STEP
+    at = f" at step {step}" if step != NO_STEP else ""
+    checked = None
+    if bound is not None and spec.impl.shares_arguments:
+        unchecked = spec.binder.unchecked
+        if not bound.shared.keys() <= unchecked:  # TRL's calls: only unchecked ones, nothing to hash
+            checked = {k: v for k, v in bound.shared.items() if k not in unchecked}
+    shared = SharedValues(checked) if checked else _NOTHING_SHARED  # hashed here: before the call's turn
+    # the path-independent site is compared; the user's file and line are shown (they may differ per rank)
+    fp = fingerprint(schema + site.key)
+    return Call(spec, session, seq, site, bound, fp, f"call #{seq}{at}: {schema}{site.shown}", shared)
+
+
+def link(call: Call, channel: int) -> Link:
+    """The call's transfers on ``channel`` (``_exchange.INBOUND`` or ``OUTBOUND``)."""
+    return Link(call.session, channel, call.timeout, call.spec.name, call.description, call.shared)
+
+
+def _desc_bytes(call: Call) -> int:
+    return len(call.description.encode("utf-8", "backslashreplace"))
+
+
+def record(call: Call) -> CallCheck:
+    """What this rank says of the call where no inbound header checked it (a reward group's hit)."""
+    return CallCheck(call.fp, call.seq, call.step, call.shared.digest, _desc_bytes(call))
+
+
+def encode(call: Call) -> Payload:
+    """Encode every column (``**kwargs`` columns that hold non-plain data are left behind, not refused)."""
+    assert call.bound is not None
+    dropped: list[str] = []
+    frame = encode_frame(
+        call.bound.columns,
+        call.bound.n,
+        allow_pickle=call.spec.options.allow_pickle,
+        droppable=call.droppable,
+        dropped=dropped,
+        function=call.spec.name,
+    )
+    return Payload(frame, tuple(dropped))
+
+
+def encodable_here(call: Call) -> Payload:
+    """An empty payload that leaves behind what :func:`encode` would (and refuses what it refuses).
+
+    For a rank that scores its own columns as passed and sends nothing (``main``'s rank 0).
+    """
+    assert call.bound is not None
+    o = call.spec.options
+    return Payload(b"", encodable(call.bound.columns, call.bound.n, call.droppable, o.allow_pickle, call.spec.name))
+
+
+def exchange(
+    call: Call, payload: Outcome[Payload], route: np.ndarray | None, mode_word: int = 0
+) -> Value[Inbound] | Error:
+    """The inbound exchange of the call (``_exchange.Link.inbound``).
+
+    ``payload`` is the call's payload, or this rank's failure (which then travels instead); the payload
+    goes where ``route`` says (``None``: no payload travels, only the header). ``mode_word`` is the
+    header word the mode fills (``_wire``'s ``H_MODE_WORD``): every rank reads every rank's.
+    """
+    data: bytes | bytearray
+    dropped: tuple[str, ...]
+    if isinstance(payload, Error):
+        error: BaseException | None = payload.error
+        blob, data, dropped = error_blob(payload.error), b"", ()
+    else:
+        error, blob, dropped = None, b"", payload.value.dropped
+        data = payload.value.frame if route is not None else b""
+    ok = error is None
+    return link(call, INBOUND).inbound(
+        header=header(call, ok, len(data) if ok else len(blob), mode_word, dropped),
+        payload=data,
+        route=route,
+        error=error,
+        blob=blob,
+        names=call.names,
+        droppable=call.droppable,
+    )
+
+
+def header(call: Call, ok: bool, size: int, mode_word: int, dropped: tuple[str, ...]) -> bytes:
+    """The call's header (``_wire``): ``size`` bytes of payload, or of this rank's error when not ``ok``."""
+    return pack_header(
+        seq=call.seq,
+        status=OK if ok else FAILED,
+        fp=call.fp,
+        step=call.step,
+        n=call.bound.n if call.bound is not None and ok else 0,
+        size=size,
+        desc=_desc_bytes(call),
+        mode_word=mode_word,
+        mask=drop_mask(call.names, dropped),
+        shared=call.shared.digest,
+    )
+
+
+def merge(
+    call: Call,
+    inbound: Inbound,
+    frames: Mapping[int, Any],
+    rows: Mapping[int, int],
+    local: Callable[[Any, int], Any],
+) -> dict[str, Any]:
+    """The given ranks' columns, decoded and concatenated in rank order (``_batch.merge_frames``).
+
+    ``rows[s]`` samples are expected from rank ``s``; this rank's own part of a column is
+    ``local(values, container)``. Columns some rank left behind (``inbound.dropped``) are skipped.
+    """
+    assert call.bound is not None
+    o = call.spec.options
+    return merge_frames(call.bound.columns, frames, rows, call.rank, local, inbound.dropped, o.allow_pickle)
+
+
+def inputs(
+    call: Call, inbound: Inbound, values: dict[str, Any], proxies: Callable[[], dict[str, Any]]
+) -> Value[Inputs] | Error:
+    """The function's arguments: the global ``values``, the log stand-ins, placeholders for dropped columns."""
+    assert call.bound is not None
+    try:
+        return Value(call.bound.call_args({**values, **proxies()}, inbound.dropped))
+    except BaseException as e:
+        return Error(e)
+
+
+def device(call: Call) -> torch.device | None:
+    """Where tensors returned to this rank go: the device of its tensor inputs, else the current GPU."""
+    if call.bound is not None:
+        for c in call.bound.columns:
+            if c.container == C_TENSOR:
+                return c.values.device  # type: ignore[no-any-return]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
