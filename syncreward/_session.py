@@ -14,9 +14,9 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
   step, or a turn that never comes, breaks the session. Every waiting step and every later call then
   raises :class:`~syncreward.GroupBrokenError` at once instead of waiting for a group that can no longer
   agree. A step's transport failure is reworded here, once, in the call's words (``_errors.call_words``);
-* the **size predictions**: eager chunk sizes (:class:`~syncreward._wire.Predictor`, changed only from
-  headers every rank saw) and the size of ``mode="main"``'s next result blocks, one size for every rank
-  (announced by the previous blocks: :class:`~syncreward._wire.ResultBlocks`);
+* the **size predictions** of the inbound exchange: eager chunk sizes (:class:`~syncreward._wire.Predictor`,
+  changed only from headers every rank saw; ``mode="main"``'s result block size is the result exchange's
+  own, kept per session in ``_exchange``);
 * the **in-flight calls** and the thread each came from, to refuse orderings that cannot be the same
   on every rank (calls from two threads at once) or that would deadlock (a blocking call on the event
   loop thread while an async call on that loop is pending);
