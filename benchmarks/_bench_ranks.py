@@ -10,6 +10,7 @@ import asyncio
 import ctypes
 import gc
 import pickle
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -324,7 +325,12 @@ def _split(variant: Variant) -> tuple[Callable[[], Any] | None, Callable[[], Any
 
 
 def _timed_rounds(variants: dict[str, Variant], rounds: int, warmup: int) -> dict[str, list[int]]:
-    """Every round runs each variant once, in an order rotated by one each round; barrier before each."""
+    """Every round runs each variant once, in a fresh order each round; barrier before each.
+
+    The order is a permutation drawn from the round's number (the same on every rank). Rotating one fixed
+    order would keep each variant's predecessor fixed (only the starting point moves), and what runs just
+    before a call changes it: identical variants measured 1.05-1.21x apart that way (issue 24).
+    """
     names = list(variants)
     calls = {n: _split(v) for n, v in variants.items()}
     for _ in range(warmup):
@@ -336,9 +342,8 @@ def _timed_rounds(variants: dict[str, Variant], rounds: int, warmup: int) -> dic
             fn()
     times: dict[str, list[int]] = {n: [] for n in names}
     for r in range(rounds):
-        k = r % len(names)
         gc.collect()
-        for name in names[k:] + names[:k]:
+        for name in random.Random(r).sample(names, len(names)):
             setup, fn = calls[name]
             if setup is not None:
                 setup()  # untimed

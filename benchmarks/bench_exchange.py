@@ -7,8 +7,10 @@ Usage (from the repository root)::
 For each world size W this launches W local gloo ranks *once* (``syncreward.testing.run_ranks``: free
 port, deadline) and, per payload, first checks every variant against the oracle (the reward of the
 concatenated global batch) while counting its collectives and bytes, then runs ``--rounds`` rounds in
-which every variant is called once, in an order rotated by one each round, with a barrier before each
-call. A call's latency is the slowest rank's time inside it. Variants:
+which every variant is called once, in a fresh order each round (a permutation seeded by the round, the
+same on every rank), with a barrier before each call. A call's latency is the slowest rank's time inside
+it; a ratio is given both as median over median and *paired* (the median of the per-round ratios).
+Variants:
 
 ==========================  ============================================================================
 ``direct``                  the reward on the local batch, no exchange: the floor
@@ -303,6 +305,7 @@ def aggregate(world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
             acc = [i["account"][v] for i in infos]
             p["variants"][v] = {
                 **_stats(per_call),
+                "per_round_ms": (per_call / 1e6).tolist(),  # in round order: pairs with the other variants
                 "collectives": acc[0]["collectives"],
                 "collectives_first_call": acc[0]["cold"]["collectives"],
                 "collectives_max": max(a["collectives"] for a in acc),
@@ -663,9 +666,10 @@ def ratios(results: dict[str, Any]) -> list[str]:
             for v, base in _RATIOS:
                 if v in vs and base in vs:
                     r = vs[v]["median_ms"] / vs[base]["median_ms"]
+                    paired = np.median(np.asarray(vs[v]["per_round_ms"]) / np.asarray(vs[base]["per_round_ms"]))
                     lines.append(
                         f"W={ws} {payload}: {v} / {base} = {r:.2f}x "
-                        f"({vs[v]['median_ms']:.2f} / {vs[base]['median_ms']:.2f} ms)"
+                        f"({vs[v]['median_ms']:.2f} / {vs[base]['median_ms']:.2f} ms; paired {paired:.2f}x)"
                     )
     return lines
 

@@ -5,7 +5,7 @@ Usage (from the repository root)::
     python benchmarks/probe_gloo.py --world-sizes 2 4 16 --rounds 200
 
 Every rank builds a ``ProcessGroupGloo`` over a ``PrefixStore`` of the job's store, as the backend does,
-and each round runs every probe once (order rotated by one each round, a barrier on another group
+and each round runs every probe once (a fresh order each round, alike on every rank; a barrier on another group
 before each). A probe's time is the slowest rank's. Probes (``cap``: a result block, ``CHECK``: a
 40-byte call-check record):
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import random
 import sys
 import time
 from pathlib import Path
@@ -132,10 +133,9 @@ def rank_main(rank: int, w: int, cfg: dict[str, Any]) -> dict[str, list[int]]:
             probes[n]()
     times: dict[str, list[int]] = {n: [] for n in names}
     for r in range(cfg["rounds"]):
-        k = r % len(names)
         if r % 20 == 0:
             gc.collect()
-        for n in names[k:] + names[:k]:
+        for n in random.Random(r).sample(names, len(names)):  # a fresh order each round, alike on every rank
             dist.barrier(group=align)
             t0 = time.perf_counter_ns()
             probes[n]()

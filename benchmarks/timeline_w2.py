@@ -5,7 +5,7 @@ Usage (from the repository root)::
     python benchmarks/timeline_w2.py --world-size 2 --payload trl16 --rounds 200
     python benchmarks/timeline_w2.py --ab HEAD~1   # also an "old" main whose torch backend is that commit's
 
-Each round calls every variant once (order rotated by one each round, the ranks lined up by a barrier on
+Each round calls every variant once (a fresh order each round, the ranks lined up by a barrier on
 a group no variant uses before each call). Inside ``main`` calls every rank stamps, on the system-wide
 monotonic clock (``time.perf_counter_ns``: CLOCK_MONOTONIC, one clock for every process of the machine),
 the entry and exit of the backend's collectives, of the wait for their work, of the reward, and the
@@ -22,8 +22,10 @@ then alternate within every round of the same launch (paired calls).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib.util
+import random
 import subprocess
 import sys
 import time
@@ -58,6 +60,7 @@ _clock, _cpu = time.perf_counter_ns, time.thread_time_ns
 
 
 def _stamp(log: list[tuple[str, int, int]], label: str, fn: Any) -> Any:
+    @functools.wraps(fn)  # the same signature and name: a synced reward binds and names it as ``fn``
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         log.append((label + ">", _clock(), _cpu()))
         try:
@@ -142,10 +145,10 @@ class _Stamped:
 def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    from _bench_ranks import dict_gather, fused_objects, reward
+    from _bench_ranks import dict_gather, format_reward, fused_objects, handrolled, length_reward, reward
     from _payloads import make_batch
 
-    from syncreward import synced_reward
+    from syncreward import synced_reward, synced_rewards
     from syncreward.backends.torch_distributed import TorchDistributedBackend
 
     torch.set_num_threads(1)
@@ -155,7 +158,7 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
     if cfg.get("stamp_library"):
         _stamp_library()
 
-    def traced(name: str, cls: Any) -> Any:
+    def traced_backend(name: str, cls: Any) -> Any:
         log: list[tuple[str, int, int]] = []
         logs[name] = log
         backend = cls()
@@ -167,16 +170,38 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
             return _Stamped(channel(*args), log)
 
         backend._channel = stamped_channel
+        return backend, log
+
+    def traced(name: str, cls: Any) -> Any:
+        backend, log = traced_backend(name, cls)
         return synced_reward(mode="main", backend=backend)(_stamp(log, "score", reward))
+
+    def traced_group(name: str, cls: Any) -> Any:
+        backend, log = traced_backend(name, cls)
+        members = [_stamp(log, f"score.{f.__name__}", f) for f in (reward, format_reward, length_reward)]
+        group = synced_rewards(*members, mode="main", backend=backend)
+
+        def step() -> Any:
+            cols = {k: list(v) for k, v in batch.items()}  # as TRL: new lists each step, the same for each reward
+            results = [f(**cols) for f in group]
+            return results[0]
+
+        return step
 
     variants: dict[str, Any] = {"main": traced("main", TorchDistributedBackend)}
     if cfg.get("old_source"):
         variants["main_old"] = traced("main_old", _load_old_backend(cfg["old_source"]))
+    steps: dict[str, Any] = {}
+    if "step3_group" in cfg["variants"]:
+        steps["step3_group"] = traced_group("step3_group", TorchDistributedBackend)
     fns: dict[str, Any] = {
         "dict_gather": lambda: dict_gather(batch),
         "fused_objects": lambda: fused_objects(batch),
+        "handrolled": lambda: handrolled(batch),
         **{k: (lambda f=f: f(**batch)) for k, f in variants.items()},
+        **steps,
     }
+    variants.update(steps)
     names = [n for n in fns if n in cfg["variants"] or n == "main_old"]
     for _ in range(cfg["warmup"]):
         for n in names:
@@ -186,9 +211,8 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
     calls: dict[str, list[list[tuple[str, int, int]]]] = {n: [] for n in variants}
     cpu: dict[str, list[int]] = {n: [] for n in names}
     for r in range(cfg["rounds"]):
-        k = r % len(names)
         gc.collect()
-        for n in names[k:] + names[:k]:
+        for n in random.Random(r).sample(names, len(names)):  # a fresh order each round, alike on every rank
             log = logs.get(n)
             if log is not None:
                 log.clear()
