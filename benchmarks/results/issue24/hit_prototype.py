@@ -53,8 +53,10 @@ def rank_main(rank, world_size, rounds):
 
     mm._results_exchange = patched
     batch = make_batch("trl", rank, world_size)
-    groups = {k: synced_rewards(reward, format_reward, length_reward, mode="main", backend=TorchDistributedBackend())
-              for k in ("a2a", "scatter", "gather")}
+    groups = {
+        k: synced_rewards(reward, format_reward, length_reward, mode="main", backend=TorchDistributedBackend())
+        for k in ("a2a", "scatter", "gather")
+    }
 
     def step(k):
         def run():
@@ -63,10 +65,15 @@ def rank_main(rank, world_size, rounds):
             out = [f(**cols) for f in groups[k]]
             how[0] = "a2a"
             return out[0]
+
         return run
 
-    fns = {"step3_group": step("a2a"), "step3_group_scatter": step("scatter"), "step3_group_gather": step("gather"),
-           "handrolled": lambda: handrolled(batch)}
+    fns = {
+        "step3_group": step("a2a"),
+        "step3_group_scatter": step("scatter"),
+        "step3_group_gather": step("gather"),
+        "handrolled": lambda: handrolled(batch),
+    }
     align = dist.new_group(backend="gloo")
     names = list(fns)
     results = {n: fns[n]() for n in names}
@@ -97,6 +104,8 @@ if __name__ == "__main__":
         print(f"  {n:<22}{np.median(a):8.2f} ms  ({np.percentile(a, 25):.2f}-{np.percentile(a, 75):.2f})")
     for n in per:
         if n != "handrolled":
-            print(f"  {n} / handrolled: {np.median(per[n]) / np.median(per['handrolled']):.3f}x, "
-                  f"paired {np.median(per[n] / per['handrolled']):.3f}x; / step3_group paired "
-                  f"{np.median(per[n] / per['step3_group']):.3f}x")
+            print(
+                f"  {n} / handrolled: {np.median(per[n]) / np.median(per['handrolled']):.3f}x, "
+                f"paired {np.median(per[n] / per['handrolled']):.3f}x; / step3_group paired "
+                f"{np.median(per[n] / per['step3_group']):.3f}x"
+            )

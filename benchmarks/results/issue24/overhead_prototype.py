@@ -28,8 +28,13 @@ def _tiny(prompts, completions, completion_ids, solution, **kwargs):
 
 
 n = 8
-kw = {"prompts": ["p"] * n, "completions": ["c"] * n, "completion_ids": [[1, 2]] * n, "solution": ["1"] * n,
-      "trainer_state": None}
+kw = {
+    "prompts": ["p"] * n,
+    "completions": ["c"] * n,
+    "completion_ids": [[1, 2]] * n,
+    "solution": ["1"] * n,
+    "trainer_state": None,
+}
 today = synced_reward(_tiny)
 spec = today.__syncreward_spec__
 binder, name, func = spec.binder, spec.name, _tiny
@@ -80,7 +85,8 @@ def proto_fast_auto_count(*args, **kwargs):
     raise AssertionError
 
 
-assert dist.is_available() and not dist.is_initialized()
+assert dist.is_available()
+assert not dist.is_initialized()
 variants = {
     "direct": lambda: _tiny(**kw),
     "today": lambda: today(**kw),
