@@ -10,6 +10,8 @@ import asyncio
 import ctypes
 import gc
 import pickle
+import random
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -96,11 +98,15 @@ class Synced:
     each other (``step_rewards``: TRL's accuracy + format + length rewards of one step).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, old_backend: str | None = None) -> None:
         def fresh() -> TorchDistributedBackend:
             return TorchDistributedBackend()
 
         self.main = synced_reward(mode="main", backend=fresh())(reward)
+        if old_backend:  # --ab: the same reward on the torch backend of another revision
+            old = load_old_backend(old_backend)
+            self.main_old = synced_reward(mode="main", backend=old())(reward)
+            self.step_group_old = synced_rewards(reward, format_reward, length_reward, mode="main", backend=old())
         self.main_collectives = synced_reward(mode="main", backend=CollectivesOnly(fresh()))(reward)
         self.replicate = synced_reward(mode="replicate", backend=fresh())(reward)
         self.shard = synced_reward(mode="shard", group_size=GROUP, backend=fresh())(reward)
@@ -119,13 +125,35 @@ class Synced:
         # the same three rewards as a reward group: the columns travel once per step
         self.step_group = synced_rewards(reward, format_reward, length_reward, mode="main", backend=fresh())
 
-    def step3(self, batch: dict[str, list[Any]], group: bool = False) -> Any:
+    def step3(self, batch: dict[str, list[Any]], group: bool = False, old: bool = False) -> Any:
         """One TRL step's reward calls; returns the first reward's results (the one checked for correctness).
 
         Every step TRL builds new column lists and passes the same ones to each reward: so does this.
         """
         step = {k: list(v) for k, v in batch.items()}
-        return [f(**step) for f in (self.step_group if group else self.step_rewards)][0]
+        fns = self.step_group_old if old else self.step_group if group else self.step_rewards
+        results = [f(**step) for f in fns]  # every reward of the step is called
+        return results[0]
+
+
+def load_old_backend(source: str) -> Any:
+    """The torch backend class of an older revision (its module's source), under a store prefix of its own."""
+    import importlib.util
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("syncreward.backends._torch_old", f.name)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+
+    class Old(module.TorchDistributedBackend):  # type: ignore[name-defined,misc]
+        name = "torchold"  # the two modules count their backends apart: the names must differ
+
+    return Old
 
 
 # --------------------------------------------------------------------------------------------- variants
@@ -175,6 +203,16 @@ def fused_objects(batch: dict[str, list[Any]]) -> list[float]:
     dist.broadcast_object_list(box, src=0)
     lo = sum(counts[:me])
     return box[0][lo : lo + counts[me]]  # type: ignore[no-any-return]
+
+
+def dict_gather(batch: dict[str, list[Any]]) -> list[float]:
+    """What a user writes in three lines: one all_gather_object of the call's columns, every rank
+    concatenates them in rank order, scores the whole batch and keeps its own slice (no second exchange)."""
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, batch)
+    me = dist.get_rank()
+    lo = sum(len(p["completions"]) for p in parts[:me])
+    return reward(**{k: [x for p in parts for x in p[k]] for k in batch})[lo : lo + len(batch["completions"])]
 
 
 def _u8(buf: bytearray) -> torch.Tensor:
@@ -263,7 +301,10 @@ def variants_for(batch: dict[str, list[Any]], raw: Raw, probe: Probe, fns: Synce
         "direct": lambda: reward(**batch),
         "handrolled": lambda: handrolled(batch),
         "fused_objects": lambda: fused_objects(batch),
+        "dict_gather": lambda: dict_gather(batch),
         "main": lambda: fns.main(**batch),
+        "main_old": lambda: fns.main_old(**batch),
+        "step3_group_old": lambda: fns.step3(batch, old=True),
         "main_collectives": lambda: fns.main_collectives(**batch),
         "replicate": lambda: fns.replicate(**batch),
         "shard": lambda: fns.shard(**batch),
@@ -284,7 +325,12 @@ def _split(variant: Variant) -> tuple[Callable[[], Any] | None, Callable[[], Any
 
 
 def _timed_rounds(variants: dict[str, Variant], rounds: int, warmup: int) -> dict[str, list[int]]:
-    """Every round runs each variant once, in an order rotated by one each round; barrier before each."""
+    """Every round runs each variant once, in a fresh order each round; barrier before each.
+
+    The order is a permutation drawn from the round's number (the same on every rank). Rotating one fixed
+    order would keep each variant's predecessor fixed (only the starting point moves), and what runs just
+    before a call changes it: identical variants measured 1.05-1.21x apart that way (issue 24).
+    """
     names = list(variants)
     calls = {n: _split(v) for n, v in variants.items()}
     for _ in range(warmup):
@@ -296,9 +342,8 @@ def _timed_rounds(variants: dict[str, Variant], rounds: int, warmup: int) -> dic
             fn()
     times: dict[str, list[int]] = {n: [] for n in names}
     for r in range(rounds):
-        k = r % len(names)
         gc.collect()
-        for name in names[k:] + names[:k]:
+        for name in random.Random(r).sample(names, len(names)):
             setup, fn = calls[name]
             if setup is not None:
                 setup()  # untimed
@@ -417,13 +462,15 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
         tune_malloc()
     out: dict[str, Any] = {"rank": rank, "payloads": {}}
     counter = CollectiveCounter()
-    fns = Synced()
+    fns = Synced(cfg.get("old_backend"))
     for payload in cfg["payloads"]:
         batch = make_batch(payload, rank, world_size)
         raw = Raw(batch)
         variants = variants_for(batch, raw, Probe(), fns)
         if cfg.get("variants"):
             variants = {k: v for k, v in variants.items() if k in cfg["variants"]}
+        if not cfg.get("old_backend"):
+            variants = {k: v for k, v in variants.items() if not k.endswith("_old")}
         info: dict[str, Any] = {
             "n_local": len(batch["completions"]),
             "frame_bytes": raw.frame_bytes,

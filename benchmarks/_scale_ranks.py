@@ -184,7 +184,6 @@ class Recording:
         )
         return out
 
-
     def scatter(self, send: np.ndarray, size: int, *, root: int, channel: int, timeout: float) -> np.ndarray:
         t0 = time.perf_counter()
         out: np.ndarray = self.inner.scatter(send, size, root=root, channel=channel, timeout=timeout)

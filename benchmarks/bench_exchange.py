@@ -7,14 +7,18 @@ Usage (from the repository root)::
 For each world size W this launches W local gloo ranks *once* (``syncreward.testing.run_ranks``: free
 port, deadline) and, per payload, first checks every variant against the oracle (the reward of the
 concatenated global batch) while counting its collectives and bytes, then runs ``--rounds`` rounds in
-which every variant is called once, in an order rotated by one each round, with a barrier before each
-call. A call's latency is the slowest rank's time inside it. Variants:
+which every variant is called once, in a fresh order each round (a permutation seeded by the round, the
+same on every rank), with a barrier before each call. A call's latency is the slowest rank's time inside
+it; a ratio is given both as median over median and *paired* (the median of the per-round ratios).
+Variants:
 
 ==========================  ============================================================================
 ``direct``                  the reward on the local batch, no exchange: the floor
 ``handrolled``              one ``all_gather_object`` per column, reward on rank 0,
                             ``broadcast_object_list`` of the whole result, each rank slices its part
 ``fused_objects``           one ``all_gather_object`` of all columns + ``broadcast_object_list``
+``dict_gather``             one ``all_gather_object`` of a dict of the columns; every rank concatenates
+                            them in rank order, scores the whole batch and keeps its own slice
 ``main``                    ``@synced_reward`` (mode="main")
 ``replicate``               ``@synced_reward(mode="replicate")``
 ``shard``                   ``@synced_reward(mode="shard", group_size=8)``
@@ -70,13 +74,16 @@ VARIANTS = (
     "direct",
     "handrolled",
     "fused_objects",
+    "dict_gather",
     "main",
     "main_collectives",
+    "main_old",
     "replicate",
     "shard",
     "main_after_replicate",
     "step3_main",
     "step3_group",
+    "step3_group_old",
     "raw_all_gather",
     "raw_to_root",
     "raw_round_trip",
@@ -88,8 +95,11 @@ LABELS = {
     "direct": "direct call (no exchange)",
     "handrolled": "hand-rolled: all_gather_object per column + broadcast_object_list",
     "fused_objects": "one all_gather_object + broadcast_object_list",
+    "dict_gather": "one all_gather_object of the columns; every rank scores the whole batch, keeps its slice",
     "main": '@synced_reward mode="main"',
     "main_collectives": '@synced_reward mode="main", every exchange a gloo alltoallv (no point-to-point)',
+    "main_old": '@synced_reward mode="main" on the torch backend of the --ab revision',
+    "step3_group_old": "step3_group on the torch backend of the --ab revision",
     "replicate": '@synced_reward mode="replicate"',
     "shard": '@synced_reward mode="shard" (group_size=8)',
     "main_after_replicate": '@synced_reward mode="main" on a backend whose previous call was mode="replicate"',
@@ -295,6 +305,7 @@ def aggregate(world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
             acc = [i["account"][v] for i in infos]
             p["variants"][v] = {
                 **_stats(per_call),
+                "per_round_ms": (per_call / 1e6).tolist(),  # in round order: pairs with the other variants
                 "collectives": acc[0]["collectives"],
                 "collectives_first_call": acc[0]["cold"]["collectives"],
                 "collectives_max": max(a["collectives"] for a in acc),
@@ -604,13 +615,14 @@ _QUIET = ["--profile-calls", "0", "--shard-rounds", "0", "--overhead-number", "0
 ROWS: dict[str, list[str]] = {
     "w2": [
         *("--world-sizes", "2", "--rounds", "200", "--payloads", "trl16", "trl"),
-        *("--variants", "raw_all_gather", "raw_round_trip", "fused_objects", "main", "main_collectives"),
+        *("--variants", "raw_all_gather", "raw_round_trip", "fused_objects", "dict_gather", "main"),
+        "main_collectives",
         *_QUIET,
     ],
     "w4": [
         *("--world-sizes", "4", "--rounds", "60", "--payloads", "trl", "large"),
-        *("--variants", "raw_all_gather", "raw_round_trip", "handrolled", "fused_objects", "main"),
-        *("main_collectives", "step3_main", "step3_group"),
+        *("--variants", "raw_all_gather", "raw_round_trip", "handrolled", "fused_objects", "dict_gather"),
+        *("main", "main_collectives", "step3_main", "step3_group"),
         *_QUIET,
     ],
     "w16": [
@@ -630,6 +642,7 @@ ROWS: dict[str, list[str]] = {
     "overhead": ["--world-sizes", "--payloads", "trl", "--profile-calls", "0", "--shard-rounds", "0"],
 }
 _RATIOS = (  # (variant, baseline) pairs reported for every world size and payload that has both
+    ("main", "dict_gather"),
     ("main", "fused_objects"),
     ("main", "handrolled"),
     ("main", "raw_all_gather"),
@@ -638,6 +651,9 @@ _RATIOS = (  # (variant, baseline) pairs reported for every world size and paylo
     ("step3_main", "raw_all_gather"),
     ("step3_group", "raw_all_gather"),
     ("step3_group", "step3_main"),
+    ("step3_group", "handrolled"),
+    ("main", "main_old"),
+    ("step3_group", "step3_group_old"),
 )
 
 
@@ -650,11 +666,20 @@ def ratios(results: dict[str, Any]) -> list[str]:
             for v, base in _RATIOS:
                 if v in vs and base in vs:
                     r = vs[v]["median_ms"] / vs[base]["median_ms"]
+                    paired = np.median(np.asarray(vs[v]["per_round_ms"]) / np.asarray(vs[base]["per_round_ms"]))
                     lines.append(
                         f"W={ws} {payload}: {v} / {base} = {r:.2f}x "
-                        f"({vs[v]['median_ms']:.2f} / {vs[base]['median_ms']:.2f} ms)"
+                        f"({vs[v]['median_ms']:.2f} / {vs[base]['median_ms']:.2f} ms; paired {paired:.2f}x)"
                     )
     return lines
+
+
+def _source_at(rev: str, path: str) -> str:
+    import subprocess
+
+    return subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=HERE.parent, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def python_calls(cprofile_dir: Path, calls: int) -> list[str]:
@@ -705,6 +730,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="raise glibc's mmap/trim thresholds (ranks and this process): isolates the cost of page-faulting "
         "fresh large buffers",
     )
+    ap.add_argument(
+        "--ab",
+        metavar="REV",
+        help="also main_old and step3_group_old (if --variants names them, or no --variants): the same calls on "
+        "syncreward/backends/torch_distributed.py as of git revision REV, interleaved with the others",
+    )
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per launch before the ranks are killed")
     ap.add_argument("--out", type=Path, help="write all results as JSON here")
     ap.add_argument("--markdown", type=Path, help="write the markdown tables here")
@@ -741,6 +772,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "shard_rounds": args.shard_rounds,
         "tune_malloc": args.tune_malloc,
         "cprofile_dir": str(args.cprofile_dir.resolve()) if args.cprofile_dir else None,
+        "old_backend": _source_at(args.ab, "syncreward/backends/torch_distributed.py") if args.ab else None,
     }
     if args.cprofile_dir:
         args.cprofile_dir.mkdir(parents=True, exist_ok=True)
