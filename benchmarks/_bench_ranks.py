@@ -22,8 +22,9 @@ import torch.distributed as dist
 from _instrument import CollectiveCounter, PhaseTimer
 from _payloads import local_count, make_batch
 
+import syncreward._batch as sr_batch
+import syncreward._call as sr_call
 import syncreward._lifecycle as sr_lifecycle
-import syncreward._modes._base as sr_base
 import syncreward._modes.main as sr_main
 from syncreward import synced_reward, synced_rewards
 from syncreward._binding import Binder
@@ -392,7 +393,7 @@ def _profile_main(batch: dict[str, list[Any]], calls: int) -> list[dict[str, int
     timer.patch(sr_lifecycle, "_open", "setup")
     timer.patch(sr_main.MainMode, "inbound", "pre")
     timer.patch(sr_main.MainMode, "outbound", "post")
-    for module in (sr_base, sr_main):
+    for module in (sr_call, sr_batch, sr_main):  # where each leaf is looked up
         for leaf in ("encode_frame", "decode_frame", "concat", "rebuild_result", "result_columns"):
             if hasattr(module, leaf):
                 timer.patch(module, leaf, timer.staged(leaf))

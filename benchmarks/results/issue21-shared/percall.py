@@ -1,7 +1,8 @@
-"""Per-call CPU of what the multi-rank path does before exchanging: bind, Call._of, header (this tree)."""
+"""Per-call CPU of what the multi-rank path does before exchanging: bind, build the call, its header (this tree)."""
 import timeit
 from syncreward import synced_reward
-from syncreward._modes._base import Call
+from syncreward._call import _build, header
+from syncreward._identity import Site
 
 class TrainerState:
     global_step = 3
@@ -17,8 +18,8 @@ plain = dict(completions=["c"] * n, solution=["s"] * n, threshold=0.5, step=3, c
 
 def run(kwargs):
     bound = spec.binder.bind((), kwargs)
-    call = Call._of(spec, None, 0, "mod:fn+1", bound)
-    call.header(True, 100, 0, ())
+    call = _build(spec, None, 0, Site("mod:fn+1", " called from x.py:1"), bound)
+    header(call, True, 100, 0, ())
 
 for name, kw in (("TRL-like (trainer_state, logs)", trl), ("threshold, step, small config", plain)):
     t = min(timeit.repeat(lambda: run(kw), number=5000, repeat=7)) / 5000 * 1e6
