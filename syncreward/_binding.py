@@ -251,7 +251,7 @@ class Binder:
             if (i >= len(positional) or positional[i] not in shared) and container_of(v) is not None:
                 return len(v)
         for k, v in kwargs.items():
-            if k not in shared and container_of(v) is not None:
+            if k not in shared and (type(v) is list or container_of(v) is not None):  # TRL's columns: lists
                 return len(v)
         return None
 

@@ -133,3 +133,57 @@ def test_backend_resolution_first_call_timeout_logs_no_store_noise(tmp_path: Pat
     assert missing == (1,)
     assert "waitForInput" not in stderr, stderr
     assert "[c10d]" not in stderr, stderr
+
+
+def test_backend_resolution_single_process_shortcut_says_local_only_where_auto_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one-expression test of the single-process path agrees with "auto"'s full order, case by case."""
+    import sys
+    import types
+
+    from syncreward.backends import _resolve
+
+    def full_order() -> Any:
+        monkeypatch.setattr(_resolve, "_nothing_distributed", lambda: False)
+        try:
+            return _resolve._auto(None)
+        except syncreward.BackendError as e:
+            return e
+        finally:
+            monkeypatch.undo()
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert _resolve._nothing_distributed()
+    assert full_order() is _resolve._LOCAL
+
+    for value, says_local in (("1", True), ("2", False), ("01", False), ("0", False)):
+        os.environ["WORLD_SIZE"] = value
+        try:
+            assert _resolve._nothing_distributed() is says_local, value
+            if says_local:
+                assert full_order() is _resolve._LOCAL
+            elif value == "2":
+                assert isinstance(full_order(), syncreward.BackendError)  # WORLD_SIZE=2 without a process group
+        finally:
+            del os.environ["WORLD_SIZE"]
+
+    for module in ("accelerate.state", "syncreward.backends.ray"):  # loaded: the full order decides
+        saved = sys.modules.get(module)
+        sys.modules[module] = types.ModuleType(module)
+        try:
+            assert not _resolve._nothing_distributed(), module
+        finally:
+            if saved is None:
+                del sys.modules[module]
+            else:
+                sys.modules[module] = saved
+
+    _init_single_process_gloo()  # a default process group: never the shortcut
+    try:
+        assert not _resolve._nothing_distributed()
+        backend = syncreward.resolve_backend("auto")
+        assert backend.world_size == 1
+        assert backend is not _resolve._LOCAL
+    finally:
+        dist.destroy_process_group()

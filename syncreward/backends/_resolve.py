@@ -111,6 +111,28 @@ def _ray_joined() -> list[Any]:
 # One per registered name (the registry below): the backend for a call's options.
 
 
+_ONE_PROCESS = (None, b"1", "1")  # WORLD_SIZE as _ENV_DATA holds it, where it says one process (or nothing)
+
+
+def _nothing_distributed() -> bool:
+    """A sufficient test that ``"auto"`` is ``"local"``, in one expression (the single-process path's cost).
+
+    No Ray backend module and no accelerate state loaded, no default torch process group
+    (``dist.is_initialized()`` is ``GroupMember.WORLD is not None``, read without its two calls), and
+    WORLD_SIZE unset or 1. Anything else takes the full order of :func:`_auto`, which gives the same answer
+    wherever this one says yes.
+    """
+    modules = sys.modules
+    c10d = modules.get("torch.distributed.distributed_c10d")
+    return (
+        (c10d is None or getattr(getattr(c10d, "GroupMember", None), "WORLD", True) is None)
+        and "syncreward.backends.ray" not in modules
+        and "accelerate.state" not in modules
+        and _ENV_DATA is not None
+        and _ENV_DATA.get(_WORLD_SIZE_KEY) in _ONE_PROCESS
+    )
+
+
 def _auto(process_group: Any) -> Backend:
     """``backend="auto"``: the first backend in the documented order (the package docstring)."""
     override = _thread_rank.get()
@@ -120,6 +142,8 @@ def _auto(process_group: Any) -> Backend:
         raise _not_a_thread_rank()
     if process_group is not None:
         return _torch(process_group)
+    if _nothing_distributed():
+        return _LOCAL
     if _ray_joined():
         if _accelerate_active() or torch_active():
             raise BackendError(
