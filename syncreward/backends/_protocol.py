@@ -121,13 +121,21 @@ class Releases(Protocol):
 
 
 _capabilities: dict[tuple[type, type], bool] = {}  # (backend class, capability) -> whether it has it
+_METHOD: dict[type, str] = {Scatters: "scatter", Abandons: "abandon", Releases: "release"}  # each one's method
 
 
 def _has(backend: object, kind: type) -> bool:
-    """Whether ``backend`` has capability ``kind``: decided once per backend class (a method of the class)."""
-    key = (type(backend), kind)
+    """Whether ``backend`` has capability ``kind``: decided once per backend class (a method of the class).
+
+    A class whose attributes are looked up dynamically (``__getattr__``: a wrapper that forwards to the
+    backend it wraps) cannot answer for its instances: each one is asked on every call.
+    """
+    cls = type(backend)
+    key = (cls, kind)
     has = _capabilities.get(key)
     if has is None:
+        if hasattr(cls, "__getattr__") or cls.__getattribute__ is not object.__getattribute__:
+            return callable(getattr(backend, _METHOD[kind], None))
         has = _capabilities[key] = isinstance(backend, kind)
     return has
 
