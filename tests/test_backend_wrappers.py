@@ -1,8 +1,9 @@
-"""A backend wrapper that forwards to the backend it wraps (``__getattr__``) has that backend's optional methods.
+"""A backend wrapper has the optional methods of the backend it wraps, whichever that backend is.
 
-A user may wrap a backend to count or log its collectives, forwarding everything else. Whether it has
-``scatter`` (or ``abandon``, ``release``) is then the wrapped backend's answer, which differs between
-two instances of the wrapper: no answer may be remembered for the wrapper's class.
+A user may wrap a backend to count or log its collectives, forwarding everything else (``__getattr__``)
+or copying the wrapped backend's methods onto itself. Whether it has ``scatter`` (or ``abandon``,
+``release``) is then the wrapped backend's answer, which differs between two objects of the wrapper's
+class: no answer may be remembered for a class that does not define the method itself.
 """
 
 from __future__ import annotations
@@ -43,6 +44,16 @@ class Forwarding:
         return getattr(self.inner, name)
 
 
+class Copying:
+    """Copies the wrapped backend's collectives, and its ``scatter`` where it has one."""
+
+    def __init__(self, inner: Any) -> None:
+        self.rank, self.world_size = inner.rank, inner.world_size
+        self.all_gather, self.all_to_all = inner.all_gather, inner.all_to_all
+        if hasattr(inner, "scatter"):
+            self.scatter = inner.scatter
+
+
 class Bare:
     """Only the two collectives of the backend it wraps: no optional method."""
 
@@ -52,8 +63,10 @@ class Bare:
 
 
 def _scores(wrap: Any) -> Any:
+    """Two calls on 2 thread-ranks, each rank's backend ``wrap(its ThreadBackend)``, which has a ``scatter``."""
+
     def body(rank: int, world_size: int) -> Any:
-        backend = Forwarding(wrap(resolve_backend("auto")))
+        backend = wrap(resolve_backend("auto"))
 
         @synced_reward(backend=backend, timeout=60)
         def reward(completions: list[str]) -> list[int]:
@@ -64,7 +77,15 @@ def _scores(wrap: Any) -> Any:
     return run_threads(body, 2, timeout=120)
 
 
+EXPECTED = [[[1], [1]], [[2, 2], [2, 2]]]
+
+
 def test_a_forwarding_backend_wrapper_has_the_optional_methods_of_the_backend_it_wraps() -> None:
-    assert _scores(lambda b: b) == [[[1], [1]], [[2, 2], [2, 2]]]  # wraps a ThreadBackend: it scatters
+    assert _scores(Forwarding) == EXPECTED  # wraps a ThreadBackend: it scatters
     # the same wrapper class around a backend without scatter: its results go through all_to_all
-    assert _scores(Bare) == [[[1], [1]], [[2, 2], [2, 2]]]
+    assert _scores(lambda b: Forwarding(Bare(b))) == EXPECTED
+
+
+def test_a_copying_backend_wrapper_has_the_optional_methods_of_the_backend_it_wraps() -> None:
+    assert _scores(Copying) == EXPECTED  # it copied the ThreadBackend's scatter
+    assert _scores(lambda b: Copying(Bare(b))) == EXPECTED  # the same class, with no scatter to copy
