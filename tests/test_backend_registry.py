@@ -171,6 +171,8 @@ def test_optional_backend_methods_are_capabilities_decided_once_per_class() -> N
     plain, full = Plain(), Full()
     assert (_protocol.scatters(plain), _protocol.abandons(plain), _protocol.releases(plain)) == (None, None, None)
     assert (_protocol.scatters(full), _protocol.abandons(full), _protocol.releases(full)) == (full, full, full)
-    plain.scatter = full.scatter  # type: ignore[attr-defined]  # an instance's attribute: the class decided
-    assert _protocol.scatters(plain) is None
-    assert (Plain, _protocol.Scatters) in _protocol._capabilities
+    assert _protocol._capabilities[(Full, _protocol.Scatters)] is True  # the class answers for its objects
+    assert _protocol._capabilities[(Plain, _protocol.Scatters)] is False  # ... and where it has none,
+    plain.scatter = full.scatter  # type: ignore[attr-defined]  # the object itself is asked
+    assert _protocol.scatters(plain) is plain
+    assert _protocol.scatters(Plain()) is None

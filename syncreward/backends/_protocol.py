@@ -2,8 +2,8 @@
 
 :class:`Backend` is what every transport implements. A transport may also offer any of the capabilities
 :class:`Scatters`, :class:`Abandons` and :class:`Releases`, each one method; syncreward asks
-:func:`scatters`, :func:`abandons` and :func:`releases` whether a backend has one, which answer once per
-backend class (a ``runtime_checkable`` check inspects every member, too slow to repeat on every call).
+:func:`scatters`, :func:`abandons` and :func:`releases` whether a backend has one: a method of the
+backend's class answers once per class; an object whose class has none is asked itself.
 """
 
 from __future__ import annotations
@@ -120,16 +120,24 @@ class Releases(Protocol):
         ...
 
 
-_capabilities: dict[tuple[type, type], bool] = {}  # (backend class, capability) -> whether it has it
+_capabilities: dict[tuple[type, type], bool] = {}  # (backend class, capability) -> whether the class has it
+_METHOD: dict[type, str] = {Scatters: "scatter", Abandons: "abandon", Releases: "release"}  # each one's method
 
 
 def _has(backend: object, kind: type) -> bool:
-    """Whether ``backend`` has capability ``kind``: decided once per backend class (a method of the class)."""
-    key = (type(backend), kind)
-    has = _capabilities.get(key)
-    if has is None:
-        has = _capabilities[key] = isinstance(backend, kind)
-    return has
+    """Whether ``backend`` has capability ``kind``.
+
+    A method of the backend's class answers for all its objects, decided once per class. Where the class
+    has none, the object itself is asked, on every call (one attribute lookup): a wrapper may forward to
+    the backend it wraps (``__getattr__``) or copy its methods onto itself, so two objects of one class
+    can differ.
+    """
+    cls = type(backend)
+    key = (cls, kind)
+    on_class = _capabilities.get(key)
+    if on_class is None:
+        on_class = _capabilities[key] = callable(getattr(cls, _METHOD[kind], None))
+    return on_class or callable(getattr(backend, _METHOD[kind], None))
 
 
 def scatters(backend: object) -> Scatters | None:

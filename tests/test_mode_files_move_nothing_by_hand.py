@@ -1,0 +1,31 @@
+"""A mode says who scores what and who gets which rows; it moves nothing by hand (docs/internals.md).
+
+So no mode file imports the codec (frame layouts) or the wire arithmetic (status rows, result blocks):
+its transfers go through ``_call`` and ``_exchange``, its data through ``_batch``. No ranks needed.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import syncreward
+
+MODES_DIR = Path(syncreward.__file__).parent / "_modes"
+
+
+def _imported(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            names.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_mode_files_import_neither_the_codec_nor_the_wire() -> None:
+    files = sorted(MODES_DIR.glob("*.py"))
+    assert {p.name for p in files} >= {"main.py", "replicate.py", "shard.py", "group.py", "_base.py"}
+    found = {p.name: sorted(m for m in _imported(p) if m.rsplit(".", 1)[-1] in ("_codec", "_wire")) for p in files}
+    assert {name: mods for name, mods in found.items() if mods} == {}
