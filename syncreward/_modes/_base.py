@@ -26,13 +26,16 @@ failure and breaks the session.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from .._call import Call, Inputs, Payload, encode, exchange, inputs, merge
-from .._exchange import Inbound
+from .._batch import read_frame, rebuild_result
+from .._call import Call, Inputs, Payload, device, encode, exchange, inputs, link, merge, record
+from .._errors import CodecError
+from .._exchange import OUTBOUND, Inbound, exchange_results
 from .._logs import Logs
 from .._options import Options
 from .._outcome import Error, Outcome, Value
@@ -135,3 +138,33 @@ class GatherMode(Mode[GatherScoring]):
             return GatherScoring(values, logs, inbound, reused)
         got = inputs(call, inbound, values.value, lambda: self.proxies(call, logs, inbound))
         return GatherScoring(got, logs, inbound, reused)
+
+    def send_results(
+        self,
+        call: Call,
+        scoring: GatherScoring,
+        bodies: Mapping[int, bytes | bytearray] | BaseException | None,
+        root: int,
+    ) -> Value[bytes] | Error:
+        """Rank ``root``'s result bodies, or its failure, to every other rank; return this rank's body.
+
+        ``bodies`` (on ``root`` only: ``None`` elsewhere) are the frames of ``_batch.split_result``, or the
+        failure every rank must then raise: ``root`` enters this even when its scoring failed. Where an
+        earlier call's gather served this one (a reward group's hit: no inbound header checked it), every
+        rank's record of the call travels too, so every rank raises if the ranks made different calls.
+        """
+        rec = record(call) if scoring.reused else None
+        return exchange_results(
+            link(call, OUTBOUND), call.fp, call.seq, scoring.inbound.counts, bodies, record=rec, root=root
+        )
+
+    def read_results(self, call: Call, inbound: Inbound, body: bytes, root: int) -> Outcome[Any]:
+        """This rank's results, from the body ``root`` sent it: rows checked, log records replayed, on its device."""
+        try:
+            nrows, cols, meta = read_frame(body, call.spec.options.allow_pickle)
+            if nrows != inbound.counts[call.rank]:
+                raise CodecError(f"rank {root} sent {nrows} results for {inbound.counts[call.rank]} samples")
+            Logs(call.bound, call.spec.name).replay(meta.get("logs", ()))
+            return Value(rebuild_result(meta.get("keys"), cols, device(call)))
+        except BaseException as e:  # everything was exchanged: a local failure, the session stays usable
+            return Error(e)

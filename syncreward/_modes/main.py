@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from .._batch import read_frame, rebuild_result, split_result
-from .._call import Call, Payload, device, encodable_here, encode, link, record
-from .._errors import CodecError
-from .._exchange import OUTBOUND, Inbound, exchange_results
+from .._batch import split_result
+from .._call import Call, Payload, encodable_here, encode
+from .._exchange import Inbound
 from .._logs import Logs
 from .._outcome import Error, Outcome, Value
 from ._base import GatherMode, GatherScoring
@@ -53,28 +52,25 @@ class MainMode(GatherMode):
         return logs.recording()
 
     def outbound(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
-        inbound, w = scoring.inbound, call.world_size
-        rec = record(call) if scoring.reused else None  # a reward group's hit: no inbound header checked it
         if call.rank != ROOT:
-            got = exchange_results(link(call, OUTBOUND), call.fp, call.seq, inbound.counts, None, record=rec)
-            return got if isinstance(got, Error) else self._read(call, inbound, got.value)
+            got = self.send_results(call, scoring, None, ROOT)
+            return got if isinstance(got, Error) else self.read_results(call, scoring.inbound, got.value, ROOT)
         logs = scoring.logs
         assert logs is not None
         split = (
             split_result(
                 result.value,
-                inbound.offsets,
+                scoring.inbound.offsets,
                 call.spec.name,
                 logs=logs,
                 here=ROOT,
-                send=[r for r in range(w) if r != ROOT],
+                send=[r for r in range(call.world_size) if r != ROOT],
                 allow_pickle=call.spec.options.allow_pickle,
             )
             if isinstance(result, Value)
             else result
         )
-        bodies = split.value.frames if isinstance(split, Value) else split.error
-        got = exchange_results(link(call, OUTBOUND), call.fp, call.seq, inbound.counts, bodies, record=rec)
+        got = self.send_results(call, scoring, split.value.frames if isinstance(split, Value) else split.error, ROOT)
         if isinstance(got, Error) or isinstance(split, Error):
             return got
         try:
@@ -82,14 +78,3 @@ class MainMode(GatherMode):
         except BaseException as e:
             return Error(e)
         return Value(split.value.result)
-
-    def _read(self, call: Call, inbound: Inbound, body: bytes) -> Outcome[Any]:
-        """This rank's results, from the body rank 0 sent it."""
-        try:
-            nrows, cols, meta = read_frame(body, call.spec.options.allow_pickle)
-            if nrows != inbound.counts[call.rank]:
-                raise CodecError(f"rank {ROOT} sent {nrows} results for {inbound.counts[call.rank]} samples")
-            Logs(call.bound, call.spec.name).replay(meta.get("logs", ()))
-            return Value(rebuild_result(meta.get("keys"), cols, device(call)))
-        except BaseException as e:  # everything was exchanged: a local failure, the session stays usable
-            return Error(e)
