@@ -99,15 +99,15 @@ class Synced:
     each other (``step_rewards``: TRL's accuracy + format + length rewards of one step).
     """
 
-    def __init__(self, old_backend: str | None = None) -> None:
+    def __init__(self, old_package: str | None = None) -> None:
         def fresh() -> TorchDistributedBackend:
             return TorchDistributedBackend()
 
         self.main = synced_reward(mode="main", backend=fresh())(reward)
-        if old_backend:  # --ab: the same reward on the torch backend of another revision
-            old = load_old_backend(old_backend)
-            self.main_old = synced_reward(mode="main", backend=old())(reward)
-            self.step_group_old = synced_rewards(reward, format_reward, length_reward, mode="main", backend=old())
+        if old_package:  # --ab: the same reward through the whole package of another revision
+            old, Old = load_old_package(old_package)
+            self.main_old = old.synced_reward(mode="main", backend=Old())(reward)
+            self.step_group_old = old.synced_rewards(reward, format_reward, length_reward, mode="main", backend=Old())
         self.main_collectives = synced_reward(mode="main", backend=CollectivesOnly(fresh()))(reward)
         self.replicate = synced_reward(mode="replicate", backend=fresh())(reward)
         self.shard = synced_reward(mode="shard", group_size=GROUP, backend=fresh())(reward)
@@ -137,24 +137,19 @@ class Synced:
         return results[0]
 
 
-def load_old_backend(source: str) -> Any:
-    """The torch backend class of an older revision (its module's source), under a store prefix of its own."""
-    import importlib.util
-    import tempfile
+def load_old_package(root: str) -> tuple[Any, Any]:
+    """``syncreward_old`` (another revision's package, extracted under ``root``) and its torch backend class."""
+    import importlib
 
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("syncreward.backends._torch_old", f.name)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    old = importlib.import_module("syncreward_old")
+    torch_old = importlib.import_module("syncreward_old.backends.torch_distributed")
 
-    class Old(module.TorchDistributedBackend):  # type: ignore[name-defined,misc]
-        name = "torchold"  # the two modules count their backends apart: the names must differ
+    class Old(torch_old.TorchDistributedBackend):  # type: ignore[name-defined,misc]
+        name = "torchold"  # the two packages count their groups apart: their store keys must differ
 
-    return Old
+    return old, Old
 
 
 # --------------------------------------------------------------------------------------------- variants
@@ -463,14 +458,14 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
         tune_malloc()
     out: dict[str, Any] = {"rank": rank, "payloads": {}}
     counter = CollectiveCounter()
-    fns = Synced(cfg.get("old_backend"))
+    fns = Synced(cfg.get("old_package"))
     for payload in cfg["payloads"]:
         batch = make_batch(payload, rank, world_size)
         raw = Raw(batch)
         variants = variants_for(batch, raw, Probe(), fns)
         if cfg.get("variants"):
             variants = {k: v for k, v in variants.items() if k in cfg["variants"]}
-        if not cfg.get("old_backend"):
+        if not cfg.get("old_package"):
             variants = {k: v for k, v in variants.items() if not k.endswith("_old")}
         info: dict[str, Any] = {
             "n_local": len(batch["completions"]),

@@ -98,8 +98,8 @@ LABELS = {
     "dict_gather": "one all_gather_object of the columns; every rank scores the whole batch, keeps its slice",
     "main": '@synced_reward mode="main"',
     "main_collectives": '@synced_reward mode="main", every exchange a gloo alltoallv (no point-to-point)',
-    "main_old": '@synced_reward mode="main" on the torch backend of the --ab revision',
-    "step3_group_old": "step3_group on the torch backend of the --ab revision",
+    "main_old": '@synced_reward mode="main" of the --ab revision (its whole package)',
+    "step3_group_old": "step3_group of the --ab revision (its whole package)",
     "replicate": '@synced_reward mode="replicate"',
     "shard": '@synced_reward mode="shard" (group_size=8)',
     "main_after_replicate": '@synced_reward mode="main" on a backend whose previous call was mode="replicate"',
@@ -674,12 +674,22 @@ def ratios(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _source_at(rev: str, path: str) -> str:
-    import subprocess
+def _package_at(rev: str) -> str:
+    """A directory holding the ``syncreward/`` package of git revision ``rev``, importable as ``syncreward_old``.
 
-    return subprocess.run(
-        ["git", "show", f"{rev}:{path}"], cwd=HERE.parent, check=True, capture_output=True, text=True
-    ).stdout
+    The package imports itself relatively, so the old tree runs beside this one in the same process.
+    """
+    import io
+    import subprocess
+    import tarfile
+    import tempfile
+
+    tar = subprocess.run(["git", "archive", rev, "syncreward"], cwd=HERE.parent, check=True, capture_output=True)
+    root = Path(tempfile.mkdtemp(prefix="syncreward_old_"))
+    with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as archive:
+        archive.extractall(root, filter="data")
+    (root / "syncreward").rename(root / "syncreward_old")
+    return str(root)
 
 
 def python_calls(cprofile_dir: Path, calls: int) -> list[str]:
@@ -733,8 +743,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--ab",
         metavar="REV",
-        help="also main_old and step3_group_old (if --variants names them, or no --variants): the same calls on "
-        "syncreward/backends/torch_distributed.py as of git revision REV, interleaved with the others",
+        help="also main_old and step3_group_old (if --variants names them, or no --variants): the same calls "
+        "made with the whole syncreward package of git revision REV (imported as syncreward_old), interleaved "
+        "with the others in the same launch",
     )
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per launch before the ranks are killed")
     ap.add_argument("--out", type=Path, help="write all results as JSON here")
@@ -772,7 +783,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "shard_rounds": args.shard_rounds,
         "tune_malloc": args.tune_malloc,
         "cprofile_dir": str(args.cprofile_dir.resolve()) if args.cprofile_dir else None,
-        "old_backend": _source_at(args.ab, "syncreward/backends/torch_distributed.py") if args.ab else None,
+        "old_package": _package_at(args.ab) if args.ab else None,
     }
     if args.cprofile_dir:
         args.cprofile_dir.mkdir(parents=True, exist_ok=True)
