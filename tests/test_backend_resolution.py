@@ -145,15 +145,16 @@ def test_backend_resolution_single_process_shortcut_says_local_only_where_auto_w
     from syncreward.backends import _resolve
 
     def full_order() -> Any:
-        monkeypatch.setattr(_resolve, "_nothing_distributed", lambda: False)
-        try:
-            return _resolve._auto(None)
-        except syncreward.BackendError as e:
-            return e
-        finally:
-            monkeypatch.undo()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_resolve, "_nothing_distributed", lambda: False)
+            try:
+                return _resolve._auto(None)
+            except syncreward.BackendError as e:
+                return e
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for module in ("accelerate.state", "syncreward.backends.ray"):  # earlier tests of the suite loaded them
+        monkeypatch.delitem(sys.modules, module, raising=False)
     assert _resolve._nothing_distributed()
     assert full_order() is _resolve._LOCAL
 
