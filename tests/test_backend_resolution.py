@@ -169,16 +169,17 @@ def test_backend_resolution_single_process_shortcut_says_local_only_where_auto_w
         finally:
             del os.environ["WORLD_SIZE"]
 
-    for module in ("accelerate.state", "syncreward.backends.ray"):  # loaded: the full order decides
-        saved = sys.modules.get(module)
-        sys.modules[module] = types.ModuleType(module)
-        try:
-            assert not _resolve._nothing_distributed(), module
-        finally:
-            if saved is None:
-                del sys.modules[module]
-            else:
-                sys.modules[module] = saved
+    ray_module = types.ModuleType("syncreward.backends.ray")
+    with pytest.MonkeyPatch.context() as patch:  # the Ray backend loaded: the full order decides
+        patch.setitem(sys.modules, "syncreward.backends.ray", ray_module)
+        assert not _resolve._nothing_distributed()
+
+    import accelerate.state  # loaded (TRL imports it) but no state of several processes: still local
+
+    assert _resolve._nothing_distributed()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(accelerate.state.PartialState, "_shared_state", {"num_processes": 2})
+        assert not _resolve._nothing_distributed()
 
     _init_single_process_gloo()  # a default process group: never the shortcut
     try:

@@ -117,7 +117,7 @@ _ONE_PROCESS = (None, b"1", "1")  # WORLD_SIZE as _ENV_DATA holds it, where it s
 def _nothing_distributed() -> bool:
     """A sufficient test that ``"auto"`` is ``"local"``, in one expression (the single-process path's cost).
 
-    No Ray backend module and no accelerate state loaded, no default torch process group
+    No Ray backend module loaded, no accelerate state of several processes, no default torch process group
     (``dist.is_initialized()`` is ``GroupMember.WORLD is not None``, read without its two calls), and
     WORLD_SIZE unset or 1. Anything else takes the full order of :func:`_auto`, which gives the same answer
     wherever this one says yes.
@@ -127,7 +127,7 @@ def _nothing_distributed() -> bool:
     return (
         (c10d is None or getattr(getattr(c10d, "GroupMember", None), "WORLD", True) is None)
         and "syncreward.backends.ray" not in modules
-        and "accelerate.state" not in modules
+        and ("accelerate.state" not in modules or not _accelerate_active())
         and _ENV_DATA is not None
         and _ENV_DATA.get(_WORLD_SIZE_KEY) in _ONE_PROCESS
     )
