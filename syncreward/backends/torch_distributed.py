@@ -536,7 +536,8 @@ class TorchDistributedBackend:
 
     def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
         # An all_to_all of the row to every rank: gloo's ring all_gather takes world_size - 1 dependent
-        # steps, the pairwise exchange is faster for these small rows (2.2 vs 3.3 ms at W=4 on 2 cores).
+        # steps, the pairwise exchange is faster for these small rows (docs/internals.md, "Which
+        # collectives a call makes").
         raw = np.ascontiguousarray(row, dtype=np.int64).view(np.uint8)
         n, w = raw.size, self._world_size
         out = self._all_to_all(np.tile(raw, w), [n] * w, [n] * w, channel, timeout)
@@ -570,7 +571,7 @@ class TorchDistributedBackend:
         """Rank ``root`` sends each rank its ``size``-byte block of ``send`` (W blocks, in rank order).
 
         gloo's scatter sends W - 1 messages; an ``alltoallv`` with the same bytes sends W(W - 1), empty ones
-        included (1.3-2.7x slower at W = 4..16 on the benchmark machine).
+        included (slower from W = 4 on: docs/scale.md).
         """
         group = self._begin(channel, timeout)
         out = torch.empty(size, dtype=torch.uint8)
