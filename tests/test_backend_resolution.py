@@ -135,55 +135,52 @@ def test_backend_resolution_first_call_timeout_logs_no_store_noise(tmp_path: Pat
     assert "[c10d]" not in stderr, stderr
 
 
-def test_backend_resolution_single_process_shortcut_says_local_only_where_auto_would(
+def test_backend_resolution_auto_in_one_process_is_local_only_where_nothing_distributed_is_set_up(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The one-expression test of the single-process path agrees with "auto"'s full order, case by case."""
+    """ "auto"'s order, case by case, with each library loaded or not (its single-process steps are cheap lookups)."""
     import sys
     import types
 
     from syncreward.backends import _resolve
 
-    def full_order() -> Any:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(_resolve, "_nothing_distributed", lambda: False)
-            try:
-                return _resolve._auto(None)
-            except syncreward.BackendError as e:
-                return e
+    def auto() -> Any:
+        try:
+            return _resolve._auto(None)
+        except syncreward.BackendError as e:
+            return e
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     for module in ("accelerate.state", "syncreward.backends.ray"):  # earlier tests of the suite loaded them
         monkeypatch.delitem(sys.modules, module, raising=False)
-    assert _resolve._nothing_distributed()
-    assert full_order() is _resolve._LOCAL
+    assert auto() is _resolve._LOCAL
 
-    for value, says_local in (("1", True), ("2", False), ("01", False), ("0", False)):
-        os.environ["WORLD_SIZE"] = value
-        try:
-            assert _resolve._nothing_distributed() is says_local, value
+    for value, says_local in (("1", True), ("2", False), ("01", True), ("0", True)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("WORLD_SIZE", value)
+            got = auto()
             if says_local:
-                assert full_order() is _resolve._LOCAL
-            elif value == "2":
-                assert isinstance(full_order(), syncreward.BackendError)  # WORLD_SIZE=2 without a process group
-        finally:
-            del os.environ["WORLD_SIZE"]
+                assert got is _resolve._LOCAL, value
+            else:
+                assert isinstance(got, syncreward.BackendError), value  # WORLD_SIZE=2 without a process group
 
     ray_module = types.ModuleType("syncreward.backends.ray")
-    with pytest.MonkeyPatch.context() as patch:  # the Ray backend loaded: the full order decides
+    ray_module.joined_backends = lambda: []  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as patch:  # the Ray backend loaded, no group joined: still local
         patch.setitem(sys.modules, "syncreward.backends.ray", ray_module)
-        assert not _resolve._nothing_distributed()
+        assert auto() is _resolve._LOCAL
 
     import accelerate.state  # loaded (TRL imports it) but no state of several processes: still local
 
-    assert _resolve._nothing_distributed()
+    assert auto() is _resolve._LOCAL
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(accelerate.state.PartialState, "_shared_state", {"num_processes": 2})
-        assert not _resolve._nothing_distributed()
+        chosen = object()
+        patch.setattr(_resolve, "_accelerate", lambda process_group: chosen)
+        assert auto() is chosen
 
-    _init_single_process_gloo()  # a default process group: never the shortcut
+    _init_single_process_gloo()  # a default process group: the torch backend, never local
     try:
-        assert not _resolve._nothing_distributed()
         backend = syncreward.resolve_backend("auto")
         assert backend.world_size == 1
         assert backend is not _resolve._LOCAL

@@ -35,9 +35,19 @@ _forked_from: int | None = None  # pid of the parent, when this process was fork
 
 
 def torch_active() -> bool:
-    """Whether ``torch.distributed`` is initialised in this process (never imports torch)."""
-    dist = sys.modules.get("torch.distributed")
-    return dist is not None and dist.is_available() and dist.is_initialized()
+    """Whether ``torch.distributed`` is initialised in this process (never imports torch).
+
+    ``dist.is_initialized()`` is ``GroupMember.WORLD is not None``, read here without its calls (this runs
+    on every single-process call); ``distributed_c10d`` is loaded exactly where ``torch.distributed`` is
+    loaded and available.
+    """
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None:
+        return False
+    member = getattr(c10d, "GroupMember", None)
+    if member is None:  # pragma: no cover - a torch that keeps its default group elsewhere
+        return bool(c10d.is_initialized())
+    return member.WORLD is not None
 
 
 def on_release(hook: Callable[[Any], None]) -> Callable[[Any], None]:

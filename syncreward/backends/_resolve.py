@@ -111,26 +111,7 @@ def _ray_joined() -> list[Any]:
 # One per registered name (the registry below): the backend for a call's options.
 
 
-_ONE_PROCESS = (None, b"1", "1")  # WORLD_SIZE as _ENV_DATA holds it, where it says one process (or nothing)
-
-
-def _nothing_distributed() -> bool:
-    """A sufficient test that ``"auto"`` is ``"local"``, in one expression (the single-process path's cost).
-
-    No Ray backend module loaded, no accelerate state of several processes, no default torch process group
-    (``dist.is_initialized()`` is ``GroupMember.WORLD is not None``, read without its two calls), and
-    WORLD_SIZE unset or 1. Anything else takes the full order of :func:`_auto`, which gives the same answer
-    wherever this one says yes.
-    """
-    modules = sys.modules
-    c10d = modules.get("torch.distributed.distributed_c10d")
-    return (
-        (c10d is None or getattr(getattr(c10d, "GroupMember", None), "WORLD", True) is None)
-        and "syncreward.backends.ray" not in modules
-        and ("accelerate.state" not in modules or not _accelerate_active())
-        and _ENV_DATA is not None
-        and _ENV_DATA.get(_WORLD_SIZE_KEY) in _ONE_PROCESS
-    )
+_ONE_PROCESS = (None, b"1", "1")  # WORLD_SIZE as _ENV_DATA holds it where it says one process (or nothing)
 
 
 def _auto(process_group: Any) -> Backend:
@@ -142,9 +123,10 @@ def _auto(process_group: Any) -> Backend:
         raise _not_a_thread_rank()
     if process_group is not None:
         return _torch(process_group)
-    if _nothing_distributed():
-        return _LOCAL
-    if _ray_joined():
+    # Each step asks first whether its library is loaded at all (a dict lookup): a single process pays
+    # little more than that on every call.
+    modules = sys.modules
+    if "syncreward.backends.ray" in modules and _ray_joined():
         if _accelerate_active() or torch_active():
             raise BackendError(
                 "this process joined a Ray group and torch.distributed is initialised too (e.g. under Ray "
@@ -152,10 +134,12 @@ def _auto(process_group: Any) -> Backend:
                 "or backend='torch' to sync over the torch.distributed job."
             )
         return _ray(None)
-    if _accelerate_active():
+    if "accelerate.state" in modules and _accelerate_active():
         return _accelerate(None)
     if torch_active():
         return _torch(None)
+    if _ENV_DATA is not None and _ENV_DATA.get(_WORLD_SIZE_KEY) in _ONE_PROCESS:
+        return _LOCAL
     ws = _env_world_size()
     if ws != "1" and ws.isdigit() and int(ws) > 1:
         raise BackendError(
