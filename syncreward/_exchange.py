@@ -35,7 +35,7 @@ import numpy as np
 
 from ._codec import decode_value
 from ._errors import CodecError, MismatchError, RemoteError
-from ._outcome import Error, Value
+from ._outcome import Error, Value, add_note
 from ._session import Session
 from ._wire import (
     FAILED,
@@ -73,12 +73,6 @@ __all__ = [
 
 SITE = " called from "  # how a call's description names its call site (``_call.open_call``)
 SAME_CALLS = "every rank must call the same synced functions in the same order"  # the root of every mismatch HINT
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    add = getattr(exc, "add_note", None)  # Python >= 3.11
-    if add is not None:
-        add(note)
 
 
 @dataclass
@@ -178,7 +172,7 @@ class Link:
         if mine is not None:
             others = [r for r in failed if r != self.rank]
             if others:
-                _add_note(mine, f"syncreward: {function!r} also failed on rank(s) {others}")
+                add_note(mine, f"syncreward: {function!r} also failed on rank(s) {others}")
             return Error(mine)
         origin = failed[0]
         try:
@@ -187,7 +181,7 @@ class Link:
         except (CodecError, KeyError, TypeError):
             error = RemoteError(origin, "?", "<undecodable error report>", "", function=function)
         if len(failed) > 1:
-            _add_note(error, f"syncreward: {function!r} also failed on rank(s) {failed[1:]}")
+            add_note(error, f"syncreward: {function!r} also failed on rank(s) {failed[1:]}")
         return Error(error)
 
     def status_round(
