@@ -83,24 +83,29 @@ def _stamp_library() -> None:
     import syncreward._modes.main as mm
     import syncreward._session as ses
 
+    import syncreward._batch as batch
+    import syncreward._call as call
+
     targets = [
         (dec, "resolve_backend", "resolve"),
         (dec, "call_site", "site"),
         (lc, "_open", "open"),
         (lc, "session_for", "session_for"),
         (ses.Session, "open", "session.open"),
-        (ses.Session, "step", "turn"),
+        (call.Binder, "bind", "bind"),
+        (call, "_build", "build"),
         (mm.MainMode, "prepare", "prepare"),
+        (ses.Session, "step", "turn"),
         (mm.MainMode, "inbound", "inbound"),
-        (base, "exchange_inbound", "xin"),
+        (ex.Link, "inbound", "link.inbound"),
         (ex, "_blocks", "blocks"),
-        (ex.Headers, "gather", "headers"),
-        (base.Call, "merge", "merge"),
-        (base, "decode_frame", "decode"),
-        (base, "encode_frame", "encode"),
+        (base.GatherMode, "gather", "gather"),
+        (base.GatherMode, "scoring_for", "scoring_for"),
         (mm.MainMode, "outbound", "outbound"),
-        (mm, "encode_frame", "encode_res"),
-        (mm, "decode_frame", "decode_res"),
+        (mm, "split_result", "split"),
+        (base.GatherMode, "send_results", "send_results"),
+        (base.GatherMode, "read_results", "read_results"),
+        (batch, "decode_frame", "decode"),
     ]
     import syncreward.backends.torch_distributed as td
 

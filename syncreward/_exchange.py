@@ -338,7 +338,7 @@ class Link:
         session = self.session
         w, me = session.world_size, session.rank
         eager = session.predictor.predict()
-        mine = frozenset(np.flatnonzero(route[me]).tolist()) if route is not None and error is None else frozenset()
+        mine = frozenset(_where(route[me])) if route is not None and error is None else frozenset()
         send_counts = (eager[me] + HEADER_BYTES).tolist()
         send = _blocks(header, payload, send_counts, mine)
         recv_counts = (eager[:, me] + HEADER_BYTES).tolist()
@@ -368,7 +368,7 @@ class Link:
         if route is None:
             return Value(inbound)
         sizes = headers.sizes
-        senders = np.flatnonzero(route[:, me]).tolist()
+        senders = _where(route[:, me])
         for s in senders:
             at = starts[s] + HEADER_BYTES
             inbound.frames[s] = buf[at : min(at + sizes[s], starts[s + 1])]  # (the eager part, if it did not fit)
@@ -383,6 +383,11 @@ class Link:
                 if recv[s]:
                     inbound.frames[s] = inbound.frames[s].tobytes() + parts[s].tobytes()
         return Value(inbound)
+
+
+def _where(row: np.ndarray) -> list[int]:
+    """The indices where a route's row (or column) is true (for W-element rows: cheaper than ``np.flatnonzero``)."""
+    return [i for i, x in enumerate(row.tolist()) if x]
 
 
 _COLUMNS = " per-sample columns "  # what follows the reward's identity in a call's description (``_call.open_call``)

@@ -185,12 +185,12 @@ class Headers:
     def statuses(self) -> list[int]:
         return self._words[H_STATUS]
 
-    @property
+    @cached_property  # (read several times a call; the rows never change)
     def failed(self) -> list[int]:
         statuses = self._words[H_STATUS]
         return [r for r, s in enumerate(statuses) if s != OK] if any(statuses) else []
 
-    @property
+    @cached_property
     def agree(self) -> bool:
         """Whether every rank makes the same call (sequence number, function/schema and step)."""
         w = self._words

@@ -83,6 +83,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import functools
 import logging
 import os
 import threading
@@ -296,6 +297,7 @@ def _translate(e: BaseException) -> CommunicationError:
     return row.error(row.template.format(message=first_line(e)))
 
 
+@functools.lru_cache(maxsize=64)  # a call's few timeouts (its own, a wait's first slice): made once each
 def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
@@ -312,6 +314,22 @@ def _got_through(work: Any) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=64)
+def _all_to_all_options(timeout: float) -> Any:
+    """gloo's options for a collective of ``timeout`` (read when a collective is issued, never changed: shared)."""
+    opts = dist.AllToAllOptions()
+    opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
+    return opts
+
+
+@functools.lru_cache(maxsize=64)
+def _scatter_options(root: int, timeout: float) -> Any:
+    opts = dist.ScatterOptions()
+    opts.rootRank = root
+    opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
+    return opts
 
 
 class TorchDistributedBackend:
@@ -553,8 +571,7 @@ class TorchDistributedBackend:
     ) -> np.ndarray:
         group = self._begin(channel, timeout)
         out = torch.empty(int(sum(recv_counts)), dtype=torch.uint8)
-        opts = dist.AllToAllOptions()
-        opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
+        opts = _all_to_all_options(timeout)
         if not send.flags.writeable:  # torch.from_numpy warns on read-only arrays (gloo only reads it)
             send = send.copy()
         try:
@@ -575,13 +592,12 @@ class TorchDistributedBackend:
         """
         group = self._begin(channel, timeout)
         out = torch.empty(size, dtype=torch.uint8)
-        opts = dist.ScatterOptions()
-        opts.rootRank = root
-        opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
+        opts = _scatter_options(root, timeout)
         if self._rank == root:
             if not send.flags.writeable:
                 send = send.copy()
-            inputs = [list(torch.from_numpy(send).split(size))]  # type: ignore[no-untyped-call]
+            # W views of one tensor (one C call; Tensor.split's Python wrapper costs more at small W)
+            inputs = [list(torch.from_numpy(send).view(self._world_size, size).unbind(0))]
         else:
             inputs = []
         try:
