@@ -28,7 +28,7 @@ import syncreward._lifecycle as sr_lifecycle
 import syncreward._modes.main as sr_main
 from syncreward import synced_reward, synced_rewards
 from syncreward._binding import Binder
-from syncreward._codec import Column, container_of, encode_frame
+from syncreward._codec import Column, container_of, decode_frame, encode_frame
 from syncreward._wire import HEADER_LEN
 from syncreward.backends import resolve_backend
 from syncreward.backends.torch_distributed import TorchDistributedBackend
@@ -266,6 +266,68 @@ class Raw:
             )
 
 
+class Bare:
+    """``mode="main"``'s data path with none of the library around it: the floor of its per-call Python.
+
+    Rank ``r > 0`` encodes its columns with syncreward's codec and sends them to rank 0, beside a
+    header-sized block to every rank, in one ``all_to_all`` (what ``main`` sends); rank 0 decodes them,
+    scores the whole batch, encodes each rank's slice and scatters one fixed-size block per rank (what
+    ``main`` sends back). Nothing else: no binding, fingerprint, sequence, turn, header check, learned
+    size, failure path or log records -- every frame size is known in advance (the payloads are
+    deterministic). ``main`` / ``bare_main`` is what the library adds to a call.
+    """
+
+    def __init__(self, batch: dict[str, list[Any]], payload: str) -> None:
+        self.w, self.me = dist.get_world_size(), dist.get_rank()
+        self.backend = TorchDistributedBackend()
+        self.sizes = [
+            len(self._frame(make_batch(payload, r, self.w))) if r != 0 else 0 for r in range(self.w)
+        ]
+        self.counts = [local_count(payload, r, self.w) for r in range(self.w)]
+        self.block = 512 + 8 * max(self.counts)  # the result block: 8 bytes of length, then the slice's frame
+        self.batch = batch
+
+    @staticmethod
+    def _frame(cols: dict[str, list[Any]]) -> bytearray:
+        n = len(cols["completions"])
+        return encode_frame([Column(k, container_of(v), v) for k, v in cols.items()], n)  # type: ignore[arg-type]
+
+    def __call__(self) -> list[float]:
+        w, me, h, cols = self.w, self.me, HEADER_LEN * 8, self.batch
+        n = len(cols["completions"])
+        if me != 0:
+            frame = self._frame(cols)
+            send_counts = [h + len(frame) if d == 0 else h for d in range(w)]
+            send = np.zeros(sum(send_counts), dtype=np.uint8)
+            send[h : h + len(frame)] = np.frombuffer(frame, dtype=np.uint8)
+            self.backend.all_to_all(send, send_counts, [h] * w, channel=0, timeout=60.0)
+            got = self.backend.scatter(np.empty(0, dtype=np.uint8), self.block, root=0, channel=1, timeout=60.0)
+            k = int.from_bytes(got[:8].tobytes(), "little")
+            _, result, _ = decode_frame(got[8 : 8 + k])
+            return result[0].values  # type: ignore[no-any-return]
+        recv_counts = [h + self.sizes[s] if s else h for s in range(w)]
+        buf = self.backend.all_to_all(np.zeros(h * w, dtype=np.uint8), [h] * w, recv_counts, channel=0, timeout=60.0)
+        merged = {k: list(v) for k, v in cols.items()}
+        pos = recv_counts[0]
+        for s in range(1, w):
+            _, part, _ = decode_frame(buf[pos + h : pos + recv_counts[s]])
+            for c in part:
+                merged[c.name] += c.values
+            pos += recv_counts[s]
+        scores = reward(**merged)
+        blocks = np.zeros(w * self.block, dtype=np.uint8)
+        lo = n
+        for s in range(1, w):
+            m = self.counts[s]
+            frame = encode_frame([Column("", container_of(scores), scores[lo : lo + m])], m)  # type: ignore[arg-type]
+            at = s * self.block
+            blocks[at : at + 8] = np.frombuffer(len(frame).to_bytes(8, "little"), dtype=np.uint8)
+            blocks[at + 8 : at + 8 + len(frame)] = np.frombuffer(frame, dtype=np.uint8)
+            lo += m
+        self.backend.scatter(blocks, self.block, root=0, channel=1, timeout=60.0)
+        return scores[:n]
+
+
 class Probe:
     """One tiny collective (the size of syncreward's header row): the per-collective latency floor."""
 
@@ -292,8 +354,11 @@ class Probe:
 Variant = Callable[[], Any] | tuple[Callable[[], Any], Callable[[], Any]]  # fn, or (untimed setup, fn)
 
 
-def variants_for(batch: dict[str, list[Any]], raw: Raw, probe: Probe, fns: Synced) -> dict[str, Variant]:
+def variants_for(
+    batch: dict[str, list[Any]], raw: Raw, probe: Probe, fns: Synced, bare: Callable[[], Any]
+) -> dict[str, Variant]:
     return {
+        "bare_main": bare,
         "direct": lambda: reward(**batch),
         "handrolled": lambda: handrolled(batch),
         "fused_objects": lambda: fused_objects(batch),
@@ -462,7 +527,7 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
     for payload in cfg["payloads"]:
         batch = make_batch(payload, rank, world_size)
         raw = Raw(batch)
-        variants = variants_for(batch, raw, Probe(), fns)
+        variants = variants_for(batch, raw, Probe(), fns, Bare(batch, payload))
         if cfg.get("variants"):
             variants = {k: v for k, v in variants.items() if k in cfg["variants"]}
         if not cfg.get("old_package"):

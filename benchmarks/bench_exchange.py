@@ -20,6 +20,10 @@ Variants:
 ``dict_gather``             one ``all_gather_object`` of a dict of the columns; every rank concatenates
                             them in rank order, scores the whole batch and keeps its own slice
 ``main``                    ``@synced_reward`` (mode="main")
+``bare_main``               main's data path alone (``_bench_ranks.Bare``): syncreward's codec and the same
+                            two collectives through its torch backend, nothing else -- no binding,
+                            fingerprint, turn, header check, learned size or failure path; ``main`` /
+                            ``bare_main`` is what the library adds to a call
 ``replicate``               ``@synced_reward(mode="replicate")``
 ``shard``                   ``@synced_reward(mode="shard", group_size=8)``
 ``main_after_replicate``    ``main`` on a backend shared with a ``replicate`` function that is called
@@ -78,6 +82,7 @@ VARIANTS = (
     "main",
     "main_collectives",
     "main_old",
+    "bare_main",
     "replicate",
     "shard",
     "main_after_replicate",
@@ -99,6 +104,7 @@ LABELS = {
     "main": '@synced_reward mode="main"',
     "main_collectives": '@synced_reward mode="main", every exchange a gloo alltoallv (no point-to-point)',
     "main_old": '@synced_reward mode="main" of the --ab revision (its whole package)',
+    "bare_main": "main's data path alone: the codec and the same two collectives, none of the library around them",
     "step3_group_old": "step3_group of the --ab revision (its whole package)",
     "replicate": '@synced_reward mode="replicate"',
     "shard": '@synced_reward mode="shard" (group_size=8)',
@@ -616,7 +622,7 @@ ROWS: dict[str, list[str]] = {
     "w2": [
         *("--world-sizes", "2", "--rounds", "200", "--payloads", "trl16", "trl"),
         *("--variants", "raw_all_gather", "raw_round_trip", "fused_objects", "dict_gather", "main"),
-        "main_collectives",
+        *("main_collectives", "bare_main"),
         *_QUIET,
     ],
     "w4": [
@@ -643,6 +649,8 @@ ROWS: dict[str, list[str]] = {
 }
 _RATIOS = (  # (variant, baseline) pairs reported for every world size and payload that has both
     ("main", "dict_gather"),
+    ("bare_main", "dict_gather"),
+    ("main", "bare_main"),
     ("main", "fused_objects"),
     ("main", "handrolled"),
     ("main", "raw_all_gather"),
