@@ -318,7 +318,7 @@ class Binder:
             if not named and self.include is None:
                 droppable.add(name)
             columns.append(Column(name, container, value))
-        missing = (self.include or frozenset()) - {name for name, _, _ in self._slots(arguments)}
+        missing = self.include - {name for name, _, _ in self._slots(arguments)} if self.include else None
         if missing:
             raise InputError(f"include names {sorted(missing)}, but the call has no such argument")
         if not lengths:

@@ -243,10 +243,9 @@ def _wrap_failure(e: Exception, what: str) -> UnsupportedTypeError:
 # ------------------------------------------------------------------------------------- primitives: writing
 
 
-def _pad8(out: bytearray) -> None:
-    rem = len(out) % 8
-    if rem:
-        out += bytes(8 - rem)
+# ``out += _PADDING[len(out) & 7]`` pads a frame being written to a multiple of 8 bytes (written in place:
+# a helper's call costs more than the padding, a dozen times a frame)
+_PADDING = tuple(bytes(-i % 8) for i in range(8))
 
 
 def _raw(a: np.ndarray) -> memoryview | bytes:
@@ -256,11 +255,14 @@ def _raw(a: np.ndarray) -> memoryview | bytes:
     return np.ascontiguousarray(a).reshape(-1).data.cast("B")
 
 
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # a.min()/a.max() without their Python wrappers
+
+
 def _narrow(a: np.ndarray) -> tuple[int, np.ndarray]:
     """The code of the narrowest integer dtype that holds every value of ``a``, and ``a`` in it."""
     if not a.size:
         return 0, a.astype(_INT_DTYPES[0])
-    lo, hi = int(a.min()), int(a.max())
+    lo, hi = int(_MIN(a)), int(_MAX(a))
     if lo >= 0:
         code = 0 if hi < 1 << 8 else 1 if hi < 1 << 16 else 2 if hi < 1 << 32 else 3
     else:
@@ -279,7 +281,7 @@ def _encode_ints(a: np.ndarray, out: bytearray, min_code: int = 0) -> None:
     if code < min_code:
         code, narrow = min_code, a.astype(_INT_DTYPES[min_code])
     out += _U8.pack(code)
-    _pad8(out)
+    out += _PADDING[len(out) & 7]
     out += _raw(narrow)
 
 
@@ -443,7 +445,7 @@ def _encode_ndarray(a: np.ndarray, out: bytearray) -> None:
     if problem:
         raise UnsupportedTypeError(problem)
     _encode_array_header(a.dtype.str, a.shape, out)
-    _pad8(out)
+    out += _PADDING[len(out) & 7]
     out += _raw(a)
 
 
@@ -570,7 +572,7 @@ def _encode_tensor(t: torch.Tensor, out: bytearray) -> None:
     if problem:
         raise UnsupportedTypeError(problem)
     _encode_array_header(str(t.dtype).removeprefix("torch."), tuple(t.shape), out)
-    _pad8(out)
+    out += _PADDING[len(out) & 7]
     try:
         raw = _tensor_bytes(t)
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
@@ -1030,7 +1032,7 @@ def _encode_lengths(lengths: list[int], out: bytearray) -> None:
     hi = max(lengths, default=0)
     code = 0 if hi < 1 << 8 else 1 if hi < 1 << 16 else 2 if hi < 1 << 32 else 3
     out += _U8.pack(code)
-    _pad8(out)
+    out += _PADDING[len(out) & 7]
     out += bytes(lengths) if code == 0 else _raw(np.array(lengths, dtype=_INT_DTYPES[code]))
 
 
@@ -1041,7 +1043,7 @@ def _encode_strs(values: Sequence[str], out: bytearray) -> None:
         text = "".join(values)
         if text.isascii():
             _encode_lengths(list(map(len, values)), out)
-            _pad8(out)
+            out += _PADDING[len(out) & 7]
             out += text.encode("ascii")
             return
     try:
@@ -1049,7 +1051,7 @@ def _encode_strs(values: Sequence[str], out: bytearray) -> None:
     except UnicodeEncodeError:  # a lone surrogate somewhere
         encoded = [s.encode("utf-8", "surrogatepass") for s in values]
     _encode_lengths(list(map(len, encoded)), out)
-    _pad8(out)
+    out += _PADDING[len(out) & 7]
     for b in encoded:  # (long strings: appending each costs less than joining them first)
         out += b
 
@@ -1085,7 +1087,7 @@ def _decode_str_column(r: _Reader) -> list[str]:
 def _encode_fixed(values: Sequence[Any], out: bytearray, dtype: str) -> bool:
     """The count, padding and the raw values in ``dtype``."""
     out += _U64.pack(len(values))
-    _pad8(out)
+    out += _PADDING[len(out) & 7]
     out += _raw(np.array(values, dtype=dtype))
     return True
 
@@ -1158,15 +1160,17 @@ def _marshal_records(rows: list[Any], n: int) -> tuple[bytes, np.ndarray, np.nda
         m = marshal.dumps(rows, 2)
     except Exception:  # unmarshallable objects, too deep, ...: not a column of int lists
         return None
+    # (ufuncs' own reductions and byte comparison: numpy's Python-level wrappers cost more at these sizes)
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=n)
-    nrec = 1 + n + int(lengths.sum())
+    nrec = 1 + n + int(np.add.reduce(lengths))
     if len(m) != 5 * nrec:
         return None
-    headers = np.arange(1, n + 1) + np.cumsum(lengths) - lengths  # record index of each row's header
-    expected = np.full(nrec, _M_INT, dtype=np.uint8)
+    headers = np.arange(1, n + 1) + np.add.accumulate(lengths) - lengths  # record index of each row's header
+    expected = np.empty(nrec, dtype=np.uint8)
+    expected.fill(_M_INT)
     expected[0] = _M_LIST
     expected[headers] = _M_LIST
-    if not np.array_equal(np.frombuffer(m, dtype=np.uint8)[::5], expected):
+    if np.frombuffer(m, dtype=np.uint8)[::5].tobytes() != expected.tobytes():
         return None
     return m, lengths, expected
 
@@ -1243,11 +1247,11 @@ def _encode_records_column(rows: Sequence[list[Any]], out: bytearray, level: int
     mark = len(out)
     out += _U64.pack(n)
     _encode_ints(np.fromiter(map(len, rows), dtype=np.int64, count=n), out, _ROW_LENGTH_MIN_CODE)
-    _pad8(out)
+    out += _PADDING[len(out) & 7]
     out += _U64.pack(len(keys))
     _encode_strs(keys, out)
     for col in columns:
-        _pad8(out)
+        out += _PADDING[len(out) & 7]
         _encode_strs(col, out)
     if len(records) * _RECORD_MIN_BYTES > len(out) - mark:  # records of (nearly) empty strings: see the limits
         del out[mark:]
@@ -1505,7 +1509,7 @@ def encode_frame(
         out += _U8.pack(col.container)
         enc_at = len(out)
         out.append(0)
-        _pad8(out)
+        out += _PADDING[len(out) & 7]
         len_at = len(out)
         out += bytes(8)
         body_at = len(out)
@@ -1532,7 +1536,7 @@ def encode_frame(
                 raise UnsupportedTypeError(f"column {col.name!r}: a value nested too deeply") from e
             raise _wrap_failure(e, f"column {col.name!r}") from e
         out[len_at:body_at] = _U64.pack(len(out) - body_at)
-        _pad8(out)
+        out += _PADDING[len(out) & 7]
         ncols += 1
     out[ncols_at : ncols_at + 4] = _U32.pack(ncols)
     if meta is None:
@@ -1540,7 +1544,7 @@ def encode_frame(
     else:
         out.append(1)
         encode_value(meta, out, allow_pickle)
-    _pad8(out)
+    out += _PADDING[len(out) & 7]
     return out
 
 
@@ -1564,36 +1568,51 @@ def decode_frame(
         if nrows > MAX_UNBACKED_ROWS and nrows > r.end:
             raise CodecError(f"corrupt payload: a frame of {r.end} bytes declares {nrows} rows")
         cols: list[Column] = []
+        buf, end = r.buf, r.end
         for _ in range(ncols):
+            # a column's head (name length, name, container, encoding, padding, body length), read in place:
+            # every read bounds-checked against ``end`` first, as ``_Reader``'s methods do
+            pos = r.pos
+            if pos + 4 > end:
+                raise _truncated(r, pos, 4)
+            name_len = _U32.unpack_from(buf, pos)[0]
+            pos += 4
+            if name_len > end - pos:
+                raise _truncated(r, pos, name_len)
             try:
-                name = bytes(r.take(r.u32())).decode("utf-8", "surrogatepass")
+                name = str(buf[pos : pos + name_len], "utf-8", "surrogatepass")
             except UnicodeDecodeError:
                 raise CodecError("corrupt payload: invalid column name") from None
-            container = r.u8()
-            enc = r.u8()
+            pos += name_len
+            if pos + 2 > end:
+                raise _truncated(r, pos, 2)
+            container, enc = buf[pos], buf[pos + 1]
             if container not in CONTAINERS:
                 raise CodecError(f"corrupt payload: unknown container {container}")
             encoding = _COLUMN_ENCODINGS.get(enc)
             if encoding is None or container not in encoding.containers:
                 raise CodecError(f"corrupt payload: column encoding {enc} does not fit container {container}")
-            r.align8()
-            body_len = r.u64()
-            body_end = r.pos + body_len
-            if body_len > r.end - r.pos:
+            pos = (pos + 2 + 7) & ~7
+            if pos + 8 > end:
+                raise _truncated(r, pos, 8)
+            body_len = _U64.unpack_from(buf, pos)[0]
+            pos += 8
+            body_end = pos + body_len
+            if body_len > end - pos:
                 raise CodecError("truncated or corrupt payload: column body overruns the frame")
-            if name in skip:
-                r.take(body_len)
-            else:
-                sub = _Reader(r.buf[:body_end], allow_pickle)
-                sub.pos = r.pos
-                values = encoding.decode(sub)
-                if sub.pos != body_end:
+            if name not in skip:
+                r.pos, r.end = pos, body_end  # the column's decoder reads its body only
+                try:
+                    values = encoding.decode(r)
+                finally:
+                    r.end = end
+                if r.pos != body_end:
                     raise CodecError(f"corrupt payload: column {name!r} body has trailing bytes")
-                r.pos = body_end
                 n = len(values)
                 if n != nrows:
                     raise CodecError(f"corrupt payload: column {name!r} has {n} rows, frame declares {nrows}")
                 cols.append(Column(name, container, values))
+            r.pos = body_end
             r.align8()
         meta = _decode(r, 0) if r.u8() else None
         r.align8()

@@ -44,7 +44,11 @@ class Turnstile:
     """Runs one step per sequence number, strictly in sequence order (one channel of a session)."""
 
     def __init__(self, latch: Latch, on_break: Callable[[str], None]) -> None:
-        self._cv = threading.Condition()
+        # ``with self._lock`` (a C-level lock) guards the state; ``_cv`` over the same lock is only waited on
+        # and notified where a thread waits (``_sleepers``): most turns come with nobody waiting
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._sleepers = 0
         self._next = 0
         self._busy = False
         self._pending: dict[int, Callable[[bool], None]] = {}
@@ -58,12 +62,16 @@ class Turnstile:
         breaks the session). ``call`` names the call in errors (:func:`call_words`).
         """
         deadline = time.monotonic() + timeout
-        with self._cv:
+        with self._lock:
             while not (self._next == seq and not self._busy) and self._latch.reason is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._cv.wait(left)
+                self._sleepers += 1
+                try:
+                    self._cv.wait(left)
+                finally:
+                    self._sleepers -= 1
             ready = self._next == seq and not self._busy and self._latch.reason is None
             if ready:
                 self._busy = True
@@ -98,7 +106,7 @@ class Turnstile:
                 if holds_turn:
                     self._release(seq)
 
-        with self._cv:
+        with self._lock:
             if self._latch.reason is not None:  # fails at once, without touching the turn order
                 POOL.submit(job, False)
                 return fut
@@ -114,28 +122,29 @@ class Turnstile:
 
     def idle(self) -> bool:
         """No step runs or waits on this channel."""
-        with self._cv:
+        with self._lock:
             return not self._busy and not self._pending
 
     def withdraw(self, seq: int) -> bool:
         """Take back a submitted step that has not started; whether it was still waiting."""
-        with self._cv:
+        with self._lock:
             return self._pending.pop(seq, None) is not None
 
     def _release(self, seq: int) -> None:
-        with self._cv:
+        with self._lock:
             self._next = seq + 1
             self._busy = False
             job = self._pending.pop(self._next, None)
             if job is not None:
                 self._busy = True
-            self._cv.notify_all()
+            if self._sleepers:
+                self._cv.notify_all()
         if job is not None:
             POOL.submit(job, True)
 
     def wake_all(self) -> None:
         """The latch broke: fail every waiting step now."""
-        with self._cv:
+        with self._lock:
             jobs = list(self._pending.items())
             self._pending.clear()
             self._cv.notify_all()

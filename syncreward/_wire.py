@@ -38,7 +38,6 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -116,6 +115,8 @@ def _drop_bit(names: Sequence[str], i: int) -> int:
 def drop_mask(names: Sequence[str], dropped: Iterable[str]) -> list[int]:
     """Bit mask (``DROP_WORDS`` int64 words) of the ``dropped`` columns among the sorted column ``names``."""
     words = [0] * DROP_WORDS
+    if not dropped:  # most calls: nothing left behind
+        return words
     index = {n: i for i, n in enumerate(names)}
     for name in dropped:
         bit = _drop_bit(names, index[name])
@@ -149,33 +150,35 @@ def pack_header(
     mask: Sequence[int],
     shared: int = NO_SHARED,
 ) -> bytes:
-    words = [VERSION, seq, status, fp, step, n, size, desc, mode_word, shared, *mask]
-    return np.asarray(words, dtype=np.int64).tobytes()
+    return _HEADER.pack(VERSION, seq, status, fp, step, n, size, desc, mode_word, shared, *mask)
 
 
 HEADER_BYTES = HEADER_LEN * 8
+_HEADER = struct.Struct(f"<{HEADER_LEN}q")  # what np.asarray(words, dtype=np.int64).tobytes() writes, in one call
 _HEADER_RANGE = np.arange(HEADER_BYTES, dtype=np.intp)
 
 
-@dataclass(frozen=True)
 class Headers:
     """Every rank's header, as every rank received them (identical on every rank).
 
-    Every field is read from Python lists made once (one ``tolist`` of the whole table): the checks
-    every call makes are builtins over W-element lists, not numpy calls on tiny arrays.
+    Every field is read from Python lists made once (one ``tolist`` of the whole table, when the headers
+    are made): the checks every call makes are builtins over W-element lists, not numpy calls on tiny
+    arrays; the ones read several times a call are computed once.
     """
 
-    rows: np.ndarray  # (world_size, HEADER_LEN) int64
+    __slots__ = ("_agree", "_failed", "_words", "rows")
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows  # (world_size, HEADER_LEN) int64
+        self._words: list[list[int]] = rows.T.tolist()
+        self._agree: bool | None = None
+        self._failed: list[int] | None = None
 
     @classmethod
     def gather(cls, buf: np.ndarray, starts: Sequence[int]) -> Headers:
         """The headers at byte offsets ``starts`` of a received buffer (one copy, whatever the world size)."""
         at = np.asarray(starts, dtype=np.intp)[:, None] + _HEADER_RANGE
         return cls(buf[at].view(np.int64))
-
-    @cached_property
-    def _words(self) -> list[list[int]]:
-        return self.rows.T.tolist()  # type: ignore[no-any-return]
 
     @property
     def versions(self) -> set[int]:
@@ -185,16 +188,21 @@ class Headers:
     def statuses(self) -> list[int]:
         return self._words[H_STATUS]
 
-    @cached_property  # (read several times a call; the rows never change)
+    @property
     def failed(self) -> list[int]:
-        statuses = self._words[H_STATUS]
-        return [r for r, s in enumerate(statuses) if s != OK] if any(statuses) else []
+        if self._failed is None:
+            statuses = self._words[H_STATUS]
+            self._failed = [r for r, s in enumerate(statuses) if s != OK] if any(statuses) else []
+        return self._failed
 
-    @cached_property
+    @property
     def agree(self) -> bool:
         """Whether every rank makes the same call (sequence number, function/schema and step)."""
-        w = self._words
-        return all(min(w[c]) == max(w[c]) for c in (H_SEQ, H_FP, H_STEP))
+        if self._agree is None:
+            w = self._words
+            seq, fp, step = w[H_SEQ], w[H_FP], w[H_STEP]
+            self._agree = min(seq) == max(seq) and min(fp) == max(fp) and min(step) == max(step)
+        return self._agree
 
     @property
     def shared_agree(self) -> bool:

@@ -318,7 +318,7 @@ def _got_through(work: Any) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _all_to_all_options(timeout: float) -> Any:
-    """gloo's options for a collective of ``timeout`` (read when a collective is issued, never changed: shared)."""
+    """The options of a gloo collective of ``timeout`` (read when it is issued, never changed: shared)."""
     opts = dist.AllToAllOptions()
     opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
     return opts
@@ -368,7 +368,9 @@ class TorchDistributedBackend:
         self._pid = os.getpid()
         self._leaving: str | None = None  # why this process abandoned its exchanges (it is exiting)
         self._waiting = 0  # threads inside _wait
-        self._waiting_cv = threading.Condition()
+        self._waiting_lock = threading.Lock()
+        self._waiting_cv = threading.Condition(self._waiting_lock)  # notified only while abandon() waits on it
+        self._abandoning = 0  # threads inside abandon(), waiting for _waiting to reach 0
 
     @property
     def rank(self) -> int:
@@ -409,9 +411,13 @@ class TorchDistributedBackend:
             return
         self._leaving = reason
         deadline = time.monotonic() + _ABANDON_WAIT_S
-        with self._waiting_cv:
-            while self._waiting and time.monotonic() < deadline:
-                self._waiting_cv.wait(max(deadline - time.monotonic(), 0.0))
+        with self._waiting_lock:
+            self._abandoning += 1
+            try:
+                while self._waiting and time.monotonic() < deadline:
+                    self._waiting_cv.wait(max(deadline - time.monotonic(), 0.0))
+            finally:
+                self._abandoning -= 1
 
     def _leave(self) -> NoReturn:
         """This rank abandoned its exchange (it is exiting): tell the peers, raise."""
@@ -628,14 +634,15 @@ class TorchDistributedBackend:
         ``work`` completes here it counts as running (``release`` never destroys its group under it).
         """
         self._works[channel] = work
-        with self._waiting_cv:
+        with self._waiting_lock:
             self._waiting += 1
         try:
             self._wait_slices(work, channel, timeout)
         finally:
-            with self._waiting_cv:
+            with self._waiting_lock:
                 self._waiting -= 1
-                self._waiting_cv.notify_all()
+                if self._abandoning:
+                    self._waiting_cv.notify_all()
         self._works[channel] = None
 
     def _wait_slices(self, work: Any, channel: int, timeout: float) -> None:
