@@ -29,6 +29,7 @@ must pass the same ones: the plain ones are checked across ranks (``_wire.Shared
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Callable, Collection, Iterator, Set, ValuesView
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ _VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
 _VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
 _BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 _POSITIONAL_ONLY = inspect.Parameter.POSITIONAL_ONLY
+_NAME = operator.attrgetter("name")  # a column's sort key (sorted in C, no Python call per column)
 _POSITIONAL_OR_KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 #: Arguments TRL's GRPOTrainer passes that are shared by the whole batch.
@@ -329,7 +331,7 @@ class Binder:
             )
         if len(set(lengths.values())) > 1:
             raise InputError(self._lengths_differ(lengths))
-        columns.sort(key=lambda c: c.name)
+        columns.sort(key=_NAME)
         n = next(iter(lengths.values()))
         step = call_step(shared)
         return Bound(arguments, columns, frozenset(droppable), excluded, n, step, shared, self.kinds, positional)
