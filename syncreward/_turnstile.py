@@ -44,9 +44,12 @@ class Turnstile:
     """Runs one step per sequence number, strictly in sequence order (one channel of a session)."""
 
     def __init__(self, latch: Latch, on_break: Callable[[str], None]) -> None:
-        # ``with self._lock`` (a C-level lock) guards the state; ``_cv`` over the same lock is only waited on
-        # and notified where a thread waits (``_sleepers``): most turns come with nobody waiting
-        self._lock = threading.Lock()
+        # ``with self._lock`` guards the state; ``_cv`` over the same lock is only waited on and notified where
+        # a thread waits (``_sleepers``): most turns come with nobody waiting. An RLock, not a Lock: a
+        # condition re-takes a Lock after its wait in an acquire() a Ctrl-C can interrupt, and the
+        # ``with`` block would then release the lock another thread holds; an RLock's re-take cannot be
+        # interrupted (and is owned: it is never released by another thread)
+        self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
         self._sleepers = 0
         self._next = 0

@@ -368,7 +368,7 @@ class TorchDistributedBackend:
         self._pid = os.getpid()
         self._leaving: str | None = None  # why this process abandoned its exchanges (it is exiting)
         self._waiting = 0  # threads inside _wait
-        self._waiting_lock = threading.Lock()
+        self._waiting_lock = threading.RLock()  # (an RLock: its re-take after a wait is not interruptible)
         self._waiting_cv = threading.Condition(self._waiting_lock)  # notified only while abandon() waits on it
         self._abandoning = 0  # threads inside abandon(), waiting for _waiting to reach 0
 
@@ -599,14 +599,11 @@ class TorchDistributedBackend:
         group = self._begin(channel, timeout)
         out = torch.empty(size, dtype=torch.uint8)
         opts = _scatter_options(root, timeout)
-        if self._rank == root:
-            if not send.flags.writeable:
-                send = send.copy()
-            # W views of one tensor (one C call; Tensor.split's Python wrapper costs more at small W)
-            inputs = [list(torch.from_numpy(send).view(self._world_size, size).unbind(0))]
-        else:
-            inputs = []
+        if self._rank == root and not send.flags.writeable:
+            send = send.copy()
         try:
+            # W views of one tensor (one C call; Tensor.split's Python wrapper costs more at small W)
+            inputs = [list(torch.from_numpy(send).view(self._world_size, size).unbind(0))] if self._rank == root else []
             work = group.scatter([out], inputs, opts)
         except RuntimeError as e:
             self._fail(e)
