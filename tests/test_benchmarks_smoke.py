@@ -101,3 +101,12 @@ def test_bench_codec_tensors_smoke() -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_codec.py"), "--payloads", "--tensors", "1", "--rounds", "2"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True, cwd=ROOT).stdout
     assert "tensors, strided views" in out, out
+
+
+def test_call_tree_counts_every_rank_s_calls_under_the_wrapper() -> None:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "call_tree.py"), "--depth", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True, cwd=ROOT).stdout
+    for rank in (0, 1):
+        assert f"== rank {rank}: " in out, out
+    assert out.count("sync_wrapper (_decorator.py)") == 2, out
+    assert out.count("call_sync (_lifecycle.py)") == 2, out
