@@ -46,8 +46,8 @@ _VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
 _VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
 _BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 _POSITIONAL_ONLY = inspect.Parameter.POSITIONAL_ONLY
-_NAME = operator.attrgetter("name")  # a column's sort key (sorted in C, no Python call per column)
 _POSITIONAL_OR_KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD
+_NAME = operator.attrgetter("name")  # a column's sort key (sorted in C, no Python call per column)
 
 #: Arguments TRL's GRPOTrainer passes that are shared by the whole batch.
 TRL_SHARED = frozenset({"trainer_state", "log_extra", "log_metric"})
