@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import atexit
 import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -55,6 +56,14 @@ SCENARIOS = (
     "killed_peer",
 )
 WORLD_SIZES = {"timeout": 3, "timeout_destroy": 3}
+
+
+EXIT_STACKS_S = 5.0  # an exit slower than this writes every thread's stack to stderr (the launcher keeps its tail)
+
+
+def _stacks_if_exit_is_slow() -> None:
+    """At the start of interpreter exit: if the exit takes ``EXIT_STACKS_S``, say where every thread waits."""
+    faulthandler.dump_traceback_later(EXIT_STACKS_S, exit=False)
 
 
 def _emit(event: str, **fields: Any) -> None:
@@ -90,6 +99,8 @@ def _rank_main(scenario: str, rank: int, world_size: int, timeout: float, late: 
     aplain = synced_reward(timeout=timeout)(async_lengths)
     batch = [f"r{rank}" + "x" * i for i in range(2)]
     plain(batch)  # every rank connected: the fault comes in the second call
+    # registered after syncreward's and torch's threading exit hooks, so it runs first (they run last-in first)
+    threading._register_atexit(_stacks_if_exit_is_slow)  # type: ignore[attr-defined]
     _emit("ready")
 
     if scenario == "clean":
@@ -244,7 +255,7 @@ def launch(
                 "hooks_s": None if ("exit_hooks_done" not in ev or own is None) else ev["exit_hooks_done"]["t"] - own,
                 "error_s": None if (raised is None or t_fault is None) else raised - t_fault,
                 "killed_by_launcher": r not in ended,
-                "stderr": (tmp / f"{r}.err").read_text()[-4000:],
+                "stderr": (tmp / f"{r}.err").read_text()[-12000:],  # (room for the stacks of a slow exit)
             }
         )
     return results
