@@ -37,9 +37,20 @@ class Logs:
 
     def __init__(self, bound: Bound | None, function: str) -> None:
         self.function = function
-        self.extra = _caller_function(bound, "log_extra")
-        self.metric = _caller_function(bound, "log_metric")
+        self._bound = bound
         self.records: list[Record] = []
+
+    # Looked up where used, not when made: most calls log nothing, and their Logs replay no records.
+
+    @property
+    def extra(self) -> Callable[..., Any] | None:
+        """The caller's own ``log_extra``, if the call passed one."""
+        return _caller_function(self._bound, "log_extra")
+
+    @property
+    def metric(self) -> Callable[..., Any] | None:
+        """The caller's own ``log_metric``, if the call passed one."""
+        return _caller_function(self._bound, "log_metric")
 
     def recording(self) -> dict[str, Any]:
         """Stand-ins that record the function's log calls (the caller's are replayed later)."""

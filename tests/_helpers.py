@@ -69,13 +69,11 @@ class TrainerState:
     global_step: int = 0
 
 
-class Counting:
-    """Wraps a backend; counts collectives and the bytes this rank sends to the others."""
+class Wrapping:
+    """A test double around a rank's backend: the same rank and world size; subclasses change its collectives."""
 
     def __init__(self, inner: syncreward.Backend) -> None:
         self.inner = inner
-        self.calls = 0
-        self.sent = 0
 
     @property
     def rank(self) -> int:
@@ -84,6 +82,15 @@ class Counting:
     @property
     def world_size(self) -> int:
         return self.inner.world_size
+
+
+class Counting(Wrapping):
+    """Wraps a backend; counts collectives and the bytes this rank sends to the others."""
+
+    def __init__(self, inner: syncreward.Backend) -> None:
+        super().__init__(inner)
+        self.calls = 0
+        self.sent = 0
 
     def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
         self.calls += 1

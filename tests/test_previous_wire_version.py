@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from _helpers import Wrapping
 
 import syncreward
 from syncreward import MismatchError, synced_reward
@@ -15,21 +16,13 @@ OLD_WIRE_VERSION = 0x5352_0002  # the previous wire version
 OLD_REPLICATE_STATUS_WORDS = 4  # its replicate status row: status, error bytes, fingerprint, sequence number
 
 
-class SpeaksOldWire:
+class SpeaksOldWire(Wrapping):
     """Wraps a rank's backend so that the rank speaks the previous wire: its header's version word, its
     replicate status row (4 words where this version's has 6)."""
 
     def __init__(self, inner: syncreward.Backend) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.headers_sent = False
-
-    @property
-    def rank(self) -> int:
-        return self.inner.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.inner.world_size
 
     def all_gather(self, row: np.ndarray, *, channel: int, timeout: float) -> np.ndarray:
         if channel == 1:  # replicate's status round (the only channel-1 all_gather of this test)

@@ -164,9 +164,7 @@ class GatherMode(Mode[GatherScoring]):
             nrows, cols, meta = read_frame(body, call.spec.options.allow_pickle)
             if nrows != inbound.counts[call.rank]:
                 raise CodecError(f"rank {root} sent {nrows} results for {inbound.counts[call.rank]} samples")
-            records = meta.get("logs", ())
-            if records or not isinstance(records, (list, tuple)):  # most calls log nothing: no Logs for them
-                Logs(call.bound, call.spec.name).replay(records)
+            Logs(call.bound, call.spec.name).replay(meta.get("logs", ()))
             return Value(rebuild_result(meta.get("keys"), cols, device(call)))
         except BaseException as e:  # everything was exchanged: a local failure, the session stays usable
             return Error(e)
