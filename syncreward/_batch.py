@@ -22,6 +22,7 @@ from ._codec import (
     C_NDARRAY,
     C_TENSOR,
     C_TUPLE,
+    CPU,
     Column,
     container_of,
     decode_frame,
@@ -32,11 +33,13 @@ from ._errors import CodecError, InputError, ResultLengthError
 from ._outcome import Error, Value
 
 __all__ = [
+    "CPU",  # where decoded tensors are made (``_codec``), and the caller's device where nothing names another
     "Split",
     "concat",
     "encodable",
     "encode_rows",
     "merge_frames",
+    "place",
     "read_frame",
     "rebuild_result",
     "reassemble",
@@ -58,8 +61,22 @@ def _as_container(values: Any, container: int) -> Any:
     return values
 
 
-def concat(name: str, parts: Sequence[Any], container: int, device: torch.device | None = None) -> Any:
-    """Concatenate the per-rank parts of one column, in rank order.
+def place(values: Any, container: int, device: torch.device) -> Any:
+    """The one rule for where a tensor syncreward hands a rank lives: on ``device``, the caller's.
+
+    Every part that is put together (:func:`concat`: inputs gathered from several ranks, result slices
+    from several scoring ranks) and every result decoded for a rank (:func:`rebuild_result`) goes
+    through here, so a part decoded on the CPU never meets a part left on a GPU. Other containers
+    (lists, tuples, numpy arrays) have no device and are returned as they are; so are tensors nested
+    inside list elements.
+    """
+    if container == C_TENSOR and values.device != device:
+        return values.to(device)
+    return values
+
+
+def concat(name: str, parts: Sequence[Any], container: int, device: torch.device) -> Any:
+    """Concatenate the per-rank parts of one column, in rank order; tensor parts on ``device`` (:func:`place`).
 
     Raises:
         InputError: parts whose dtypes or trailing shapes disagree between ranks.
@@ -79,7 +96,7 @@ def concat(name: str, parts: Sequence[Any], container: int, device: torch.device
             [(a.dtype.kind if a.dtype.kind in "US" else str(a.dtype.newbyteorder("=")), a.shape[1:]) for a in arrays],
         )
         return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-    tensors = [p if device is None else p.to(device) for p in nonempty]
+    tensors = [place(p, C_TENSOR, device) for p in nonempty]
     _check_same(name, [(str(t.dtype), tuple(t.shape[1:])) for t in tensors])
     return torch.cat(tensors) if len(tensors) > 1 else tensors[0]
 
@@ -199,13 +216,15 @@ def result_signature(keys: list[Any] | None, columns: Sequence[Column]) -> int:
 
 
 def rebuild_result(keys: list[Any] | None, columns: Sequence[Column], device: torch.device | None) -> Any:
-    """Turn received result columns back into what the function returned, on the caller's device."""
+    """Turn result columns back into what the function returned: tensors on ``device`` (:func:`place`).
+
+    ``device`` is ``None`` only for the slice a rank scored for itself alone, which it keeps as the
+    function returned it (``main``'s rank 0, ``replicate``).
+    """
     values = []
     for c in columns:
         v = _as_container(c.values, c.container)
-        if c.container == C_TENSOR and device is not None and v.device != device:
-            v = v.to(device)
-        values.append(v)
+        values.append(v if device is None else place(v, c.container, device))
     if keys is None:
         return values[0]
     return dict(zip(keys, values, strict=True))
@@ -259,7 +278,8 @@ def merge_frames(
 
     ``rows[s]`` is the number of samples expected from rank ``s`` (in rank order); this rank's (``me``)
     own part of a column is ``local(values, container)`` (its column as passed, or the rows of it that
-    stay here). Columns in ``skip`` (some rank left them behind) are skipped.
+    stay here). Columns in ``skip`` (some rank left them behind) are skipped. A tensor column is put
+    together on the device of this rank's own column (:func:`place`): where the caller keeps it.
 
     Raises:
         CodecError: a frame that does not hold what its rank announced.
@@ -285,7 +305,7 @@ def merge_frames(
                 parts.append(decoded[s][col.name])
             else:
                 raise CodecError(f"rank {s} did not send column {col.name!r}")
-        device = col.values.device if col.container == C_TENSOR else None
+        device = col.values.device if col.container == C_TENSOR else CPU
         values[col.name] = concat(col.name, parts, col.container, device)
     return values
 
@@ -366,9 +386,11 @@ def split_result(
 
 
 def reassemble(
-    parts: Sequence[tuple[list[Column], list[Any] | None]], order: Sequence[int], device: torch.device | None
+    parts: Sequence[tuple[list[Column], list[Any] | None]], order: Sequence[int], device: torch.device
 ) -> Any:
     """Put the result slices of several scoring ranks together, dict keys matched by key, rows in ``order``.
+
+    Tensor slices are put together on ``device``, the caller's (:func:`place`), whichever rank scored them.
 
     ``parts`` are ``(columns, keys)`` per scoring rank, in rank order; the first one's keys give the
     result's order of keys. Returns what the function would have returned for the concatenated rows.
@@ -384,7 +406,7 @@ def reassemble(
         container = first.container
         if container in (C_LIST, C_TUPLE):
             pieces = [list(p) for p in pieces]
-        merged = concat(first.name, pieces, container, None)
+        merged = concat(first.name, pieces, container, device)
         columns.append(Column(str(j), container, take(merged, container, order)))
     return rebuild_result(keys, columns, device)
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ._batch import encodable, merge_frames
+from ._batch import CPU, encodable, merge_frames
 from ._binding import Binder, Bound
 from ._codec import C_TENSOR, CONTAINERS, encode_frame
 from ._errors import MismatchError
@@ -292,12 +292,17 @@ def inputs(
         return Error(e)
 
 
-def device(call: Call) -> torch.device | None:
-    """Where tensors returned to this rank go: the device of its tensor inputs, else the current GPU."""
+def device(call: Call) -> torch.device:
+    """The caller's device, where tensor results handed to this rank go (``_batch.place``).
+
+    The device of its first tensor input column; without one, the current CUDA device where this
+    process has initialised CUDA; else the CPU. Never the user's default device
+    (``torch.set_default_device``): that is global state of the user's script, not of this call.
+    """
     if call.bound is not None:
         for c in call.bound.columns:
             if c.container == C_TENSOR:
                 return c.values.device  # type: ignore[no-any-return]
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return torch.device("cuda", torch.cuda.current_device())
-    return None
+    return CPU

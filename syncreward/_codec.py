@@ -386,7 +386,7 @@ class _Reader:
             if dname not in _TORCH_DTYPES:
                 raise CodecError(f"unsupported tensor dtype {dname!r} in payload")
             dtype: Any = _TORCH_DTYPES[dname]
-            itemsize = torch.empty((), dtype=dtype).element_size()
+            itemsize = dtype.itemsize
         else:
             if not _NP_DTYPE_RE.match(dname):
                 raise CodecError(f"unsupported array dtype {dname!r} in payload")
@@ -512,6 +512,7 @@ def _decode_objarray(r: _Reader, depth: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------- values: tensors
 
+CPU = torch.device("cpu")  # decoded tensors are made here, whatever the user's default device
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
     for d in (
@@ -584,7 +585,7 @@ def _decode_tensor(r: _Reader) -> torch.Tensor:
     dtype, shape, nbytes = r.array_header(torch_dtype=True)
     raw = np.frombuffer(r.take(nbytes), dtype=np.uint8).copy()
     if nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device=CPU)  # never the user's default device
     t = torch.from_numpy(raw)
     if dtype is torch.bool:
         return t.reshape(shape).to(torch.bool)

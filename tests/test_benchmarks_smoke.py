@@ -110,3 +110,13 @@ def test_call_tree_counts_every_rank_s_calls_under_the_wrapper() -> None:
         assert f"== rank {rank}: " in out, out
     assert out.count("sync_wrapper (_decorator.py)") == 2, out
     assert out.count("call_sync (_lifecycle.py)") == 2, out
+
+
+def test_gpu_check_passes_every_case_without_a_gpu() -> None:
+    """benchmarks/gpu_check.py --device cpu: every case of the GPU check (the default device is meta), W=2."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--world-sizes", "2"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert sum(line.startswith("PASS W=2 ") for line in lines) == 16, run.stdout
+    assert not any(line.startswith("FAIL") for line in lines), run.stdout

@@ -18,7 +18,7 @@ from _helpers import same
 
 import syncreward
 from syncreward import CodecError, UnsupportedTypeError, synced_reward
-from syncreward._batch import concat, take
+from syncreward._batch import CPU, concat, take
 from syncreward._binding import Binder
 from syncreward._codec import (
     _INT_DTYPES,
@@ -478,7 +478,7 @@ def test_sequence_columns_are_per_sample_and_travel_as_lists(seq: Any) -> None:
     assert same(col.values, list(seq))
     assert take(seq, C_LIST, slice(1, None)) == list(seq)[1:]
     assert take(seq, C_LIST, [2, 0]) == [seq[2], seq[0]]
-    assert same(concat("c", [seq, col.values], C_LIST), list(seq) * 2)
+    assert same(concat("c", [seq, col.values], C_LIST, CPU), list(seq) * 2)
     bound = Binder(lambda completions, **kw: completions, include=None, exclude=(), shared=()).bind(
         (), {"completions": ["x", "y", "z"], "extra": seq}
     )
@@ -584,7 +584,7 @@ def test_2d_object_array_column_keeps_its_shape_and_concatenates() -> None:
     enc, col = frame_roundtrip(peer, C_NDARRAY)
     assert enc == E_OBJARRAY
     assert same(col.values, peer)
-    both = concat("pairs", [local, col.values], C_NDARRAY)
+    both = concat("pairs", [local, col.values], C_NDARRAY, CPU)
     assert both.shape == (5, 2)
     assert both.dtype == object
     assert both.tolist() == [["a", "x"], ["b", "y"], ["c", None], ["d", "z"], ["e", "w"]]
@@ -617,7 +617,7 @@ def test_2d_object_array_argument_is_synced_with_its_shape(mode: str) -> None:
 def test_1d_object_array_column_of_sequences_concatenates() -> None:
     local = np.fromiter([[1, 2], [3, 4]], dtype=object, count=2)
     _, col = frame_roundtrip(local, C_NDARRAY)
-    both = concat("c", [local, col.values], C_NDARRAY)
+    both = concat("c", [local, col.values], C_NDARRAY, CPU)
     assert both.shape == (4,)
     assert both.tolist() == [[1, 2], [3, 4], [1, 2], [3, 4]]
 

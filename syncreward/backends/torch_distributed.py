@@ -115,6 +115,7 @@ _GRACE_S = 0.25  # after timeout=: how long a rank that gives up waits for ranks
 _GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
 _WORK_TIMEOUT_MESSAGE = "Operation timed out!"  # c10d::Work::wait(timeout) when the slice expires
 
+_CPU = torch.device("cpu")  # every buffer names its device: torch.set_default_device must not move it
 _ABANDON_WAIT_S = 1.0  # at exit: how long abandon() waits for the threads in this backend's exchanges to leave
 
 # per job (its WORLD group object): how many backends set up groups for each (kind, scope, ranks) so far
@@ -576,7 +577,7 @@ class TorchDistributedBackend:
         self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], channel: int, timeout: float
     ) -> np.ndarray:
         group = self._begin(channel, timeout)
-        out = torch.empty(int(sum(recv_counts)), dtype=torch.uint8)
+        out = torch.empty(int(sum(recv_counts)), dtype=torch.uint8, device=_CPU)  # never the user's default
         opts = _all_to_all_options(timeout)
         if not send.flags.writeable:  # torch.from_numpy warns on read-only arrays (gloo only reads it)
             send = send.copy()
@@ -597,7 +598,7 @@ class TorchDistributedBackend:
         included (slower from W = 4 on: docs/scale.md).
         """
         group = self._begin(channel, timeout)
-        out = torch.empty(size, dtype=torch.uint8)
+        out = torch.empty(size, dtype=torch.uint8, device=_CPU)
         opts = _scatter_options(root, timeout)
         if self._rank == root and not send.flags.writeable:
             send = send.copy()
