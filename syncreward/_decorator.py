@@ -26,7 +26,7 @@ from ._lifecycle import call_async, call_sync, nested
 from ._modes import MODES
 from ._modes._base import GatherMode
 from ._modes._base import Mode as ModeImpl
-from ._modes.group import GroupMode, RewardGroup
+from ._modes.group import GroupMode, reward_group
 from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, GatherModeName, ModeName, Options
 from .backends import Backend
 from .backends._resolve import BACKEND_NAMES, resolve_backend, unknown_backend_message
@@ -290,7 +290,7 @@ def synced_rewards(
     options = _given(locals(), group=True)
     base = MODES[mode]
     assert isinstance(base, GatherMode)
-    impl = GroupMode(base, RewardGroup())
+    impl = GroupMode(base, reward_group())
     return tuple(wrap(fn, impl, options) for fn in fns)
 
 
