@@ -89,8 +89,12 @@ def _check_options(options: Options, group: bool) -> None:
         raise ValueError(unknown_backend_message(backend))
 
 
-def _not_a_function(decorator: str, value: object) -> str:
-    """What a positional argument that is not a reward function says (``@synced_reward("replicate")``)."""
+def _not_a_function(decorator: str, value: object, params: dict[str, Any] | None = None) -> str:
+    """What a positional argument that is not a reward function says (``@synced_reward("replicate")``).
+
+    ``params``: the decorator's parameters; the options given as keywords beside it stay in the example
+    (``@synced_reward("shard", group_size=4)`` -> ``@synced_reward(mode='shard', group_size=4)``).
+    """
     if isinstance(value, str) and value in MODES:
         keyword = f"mode={value!r}"
     elif isinstance(value, str) and value in BACKEND_NAMES:
@@ -101,6 +105,8 @@ def _not_a_function(decorator: str, value: object) -> str:
         keyword = ""
     eg = "" if keyword else "e.g. "
     keyword = keyword or "mode='replicate'"
+    given = [f"{k}={v!r}" for k, v in _keywords_given(params or {}).items() if not keyword.startswith(f"{k}=")]
+    keyword = ", ".join([keyword, *given])
     if decorator == "synced_reward":
         what, example = "the reward function as its only positional argument", f"@synced_reward({keyword})"
     else:
@@ -112,6 +118,17 @@ def _not_a_function(decorator: str, value: object) -> str:
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Options))
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Options)}
+
+
+def _keywords_given(params: dict[str, Any]) -> dict[str, Any]:
+    """The options among a decorator call's parameters that differ from their defaults, in signature order."""
+
+    def default(name: str) -> bool:
+        value, default = params[name], _DEFAULTS[name]
+        return value is default or (type(value) is type(default) and value == default)
+
+    return {name: params[name] for name in _FIELDS if name in params and not default(name)}
 
 
 def _given(params: dict[str, Any], group: bool = False) -> Options:
@@ -219,9 +236,9 @@ def synced_reward(
         >>> rank_reward(["a", "abc", "ab"])
         [0.0, 1.0, 0.5]
     """
+    if fn is not None and not callable(fn):  # before the options: "shard" may be why they look wrong
+        raise TypeError(_not_a_function("synced_reward", fn, locals()))
     options = _given(locals())
-    if fn is not None and not callable(fn):
-        raise TypeError(_not_a_function("synced_reward", fn))
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         return cast(Callable[P, R], wrap(func, MODES[mode], options))
