@@ -14,7 +14,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any, TypeVar, cast, overload
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 from typing_extensions import ParamSpec
 
@@ -31,10 +31,27 @@ from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, GatherModeName, ModeName, Op
 from .backends import Backend
 from .backends._resolve import BACKEND_NAMES, resolve_backend, unknown_backend_message
 
-__all__ = ["synced_reward", "synced_rewards"]
+__all__ = ["SyncedReward", "synced_reward", "synced_rewards"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class SyncedReward(Protocol, Generic[P, R_co]):
+    """The type of a synced reward: called as the function it wraps, which ``__wrapped__`` is.
+
+    ``reward.__wrapped__(...)`` is the plain function, not synced: on one rank's samples alone it gives
+    what that rank would compute without ``@synced_reward``.
+    """
+
+    __name__: str
+    __qualname__: str
+
+    @property
+    def __wrapped__(self) -> Callable[P, R_co]: ...
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
 
 
 def _stable_name(fn: Any) -> str:
@@ -143,7 +160,7 @@ def _given(params: dict[str, Any], group: bool = False) -> Options:
 
 
 @overload
-def synced_reward(fn: Callable[P, R], /) -> Callable[P, R]: ...
+def synced_reward(fn: Callable[P, R], /) -> SyncedReward[P, R]: ...
 
 
 @overload
@@ -159,7 +176,7 @@ def synced_reward(
     shared: Collection[str] | str = (),
     allow_pickle: bool = False,
     process_group: Any = None,
-) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+) -> Callable[[Callable[P, R]], SyncedReward[P, R]]: ...
 
 
 def synced_reward(
@@ -176,7 +193,7 @@ def synced_reward(
     shared: Collection[str] | str = (),
     allow_pickle: bool = False,
     process_group: Any = None,
-) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+) -> SyncedReward[P, R] | Callable[[Callable[P, R]], SyncedReward[P, R]]:
     """Make a reward function see the global batch on every rank, and return each rank its own slice.
 
     On every rank the wrapped function is called, as usual, with that rank's local samples. The
@@ -240,8 +257,8 @@ def synced_reward(
         raise TypeError(_not_a_function("synced_reward", fn, locals()))
     options = _given(locals())
 
-    def decorate(func: Callable[P, R]) -> Callable[P, R]:
-        return cast(Callable[P, R], wrap(func, MODES[mode], options))
+    def decorate(func: Callable[P, R]) -> SyncedReward[P, R]:
+        return cast(SyncedReward[P, R], wrap(func, MODES[mode], options))
 
     if fn is not None:
         return decorate(fn)
@@ -258,7 +275,7 @@ def synced_rewards(
     shared: Collection[str] | str = (),
     allow_pickle: bool = False,
     process_group: Any = None,
-) -> tuple[Callable[..., Any], ...]:
+) -> tuple[SyncedReward[..., Any], ...]:
     """Sync several reward functions as a group: the columns they all receive travel once per step.
 
     Each function becomes a synced reward exactly as with ``synced_reward``
