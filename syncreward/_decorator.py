@@ -212,7 +212,7 @@ def synced_reward(
         backend: ``"auto"`` (resolved at call time: a joined Ray group, then accelerate, then
             torch.distributed, else one process), ``"local"``, ``"torch"``, ``"accelerate"``, ``"ray"``,
             or an object implementing ``Backend``.
-        timeout: seconds a rank waits for the others in one exchange step (including waiting for the
+        timeout: seconds a rank waits for the others at one step of a call (for their inputs, or for the
             scoring rank's results); default 1800 (30 minutes, torch.distributed's default). A rank that
             does not arrive in time is named in a ``SyncTimeoutError`` on
             every rank that did.
@@ -221,9 +221,9 @@ def synced_reward(
         group_by: with ``mode="shard"``: samples with equal values in this per-sample column form a group,
             compared by content (any plain value: ``group_by="prompts"`` groups TRL's completions by prompt,
             plain-string or conversational).
-        include: the ``**kwargs`` per-sample columns to exchange (default: all that hold plain data).
-            Parameters the function names are always exchanged.
-        exclude: per-sample columns not to exchange; the function receives a
+        include: the ``**kwargs`` per-sample columns to gather from every rank (default: all that hold plain
+            data). Parameters the function names are always gathered.
+        exclude: per-sample columns not to gather; the function receives a
             ``NotSynced`` placeholder for them. A shared argument named here is not checked across
             ranks: for a value that differs between ranks on purpose (a device, a rank index).
         shared: sequence arguments that are not per-sample (passed through from the scoring rank).

@@ -94,7 +94,7 @@ class UnsupportedTypeError(SyncRewardError, TypeError):
 
 
 class ColumnNotSyncedError(SyncRewardError, KeyError):
-    """The function used a per-sample column that was not exchanged (excluded, or not plain data)."""
+    """The function used a per-sample column not gathered from the other ranks (excluded, or not plain data)."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
@@ -113,10 +113,10 @@ class CommunicationError(SyncRewardError):
 
 
 class SyncTimeoutError(CommunicationError, TimeoutError):
-    """Some ranks did not reach the exchange within ``timeout`` seconds.
+    """Some ranks did not reach the synced call (or send their part of it) within ``timeout`` seconds.
 
     Attributes:
-        missing_ranks: ranks that had not reached the exchange when the timeout expired (best effort).
+        missing_ranks: ranks that had not arrived when the timeout expired (best effort).
     """
 
     def __init__(self, message: str, missing_ranks: Sequence[int] = ()) -> None:
