@@ -72,7 +72,7 @@ def main() -> None:
 
         # Check (not needed in training): the synced rewards equal the plain function on the global batch.
         all_c, all_t, synced = gather_object(completions), gather_object(targets), gather_object(rewards)
-        expected = percentile_reward.__wrapped__(all_c, all_t)  # type: ignore[attr-defined]
+        expected = percentile_reward.__wrapped__(all_c, all_t)
         if accelerator.is_main_process:
             backend = type(resolve_backend("auto")).__name__  # what backend="auto" picked
             print(

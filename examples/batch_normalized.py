@@ -73,7 +73,7 @@ def main(world_size: int = 2) -> list[float]:
     parts = run_ranks(run, world_size)
     synced = [r for p in parts for r in p["synced"]]
     per_rank = [r for p in parts for r in p["per_rank"]]
-    expected = batch_normalized_reward.__wrapped__(**make_batch())  # type: ignore[attr-defined]
+    expected = batch_normalized_reward.__wrapped__(**make_batch())
     print(
         f"{world_size} ranks: synced mean {sum(synced) / len(synced):+.3f}, per-rank max drift "
         f"{max(abs(a - b) for a, b in zip(per_rank, synced, strict=True)):.3f}"

@@ -55,7 +55,7 @@ def local_slice(batch: dict[str, list[str]], rank: int, world_size: int) -> dict
 def run(rank: int, world_size: int) -> dict[str, list[float]]:
     """Each rank: the synced reward on its rows, and (for comparison) the plain function on its rows only."""
     mine = local_slice(make_batch(), rank, world_size)
-    return {"synced": diversity_reward(**mine), "per_rank": diversity_reward.__wrapped__(**mine)}  # type: ignore[attr-defined]
+    return {"synced": diversity_reward(**mine), "per_rank": diversity_reward.__wrapped__(**mine)}
 
 
 def main(world_size: int = 2) -> list[float]:
@@ -64,7 +64,7 @@ def main(world_size: int = 2) -> list[float]:
     parts = run_ranks(run, world_size)
     synced = [r for p in parts for r in p["synced"]]
     per_rank = [r for p in parts for r in p["per_rank"]]  # what each rank would score on its own rows
-    expected = diversity_reward.__wrapped__(**make_batch())  # type: ignore[attr-defined]
+    expected = diversity_reward.__wrapped__(**make_batch())
     print(f"{world_size} ranks, diversity rewards per prompt (synced, then per-rank scoring without syncreward):")
     for s in range(0, len(synced), K):
         ours, theirs = [round(r, 3) for r in synced[s : s + K]], [round(r, 3) for r in per_rank[s : s + K]]

@@ -77,7 +77,7 @@ def run(rank: int, world_size: int) -> dict[str, list[float]]:
     mine = local_slice(make_batch(), rank, world_size)
     return {
         "synced": asyncio.run(judge_ranking_reward(**mine)),
-        "per_rank": asyncio.run(judge_ranking_reward.__wrapped__(**mine)),  # type: ignore[attr-defined]
+        "per_rank": asyncio.run(judge_ranking_reward.__wrapped__(**mine)),
     }
 
 
@@ -87,7 +87,7 @@ def main(world_size: int = 2) -> list[float]:
     parts = run_ranks(run, world_size)
     synced = [r for p in parts for r in p["synced"]]
     per_rank = [r for p in parts for r in p["per_rank"]]  # what each rank would score on its own rows
-    expected = asyncio.run(judge_ranking_reward.__wrapped__(**make_batch()))  # type: ignore[attr-defined]
+    expected = asyncio.run(judge_ranking_reward.__wrapped__(**make_batch()))
     print(f"{world_size} ranks, rewards per group of {K} (synced, then per-rank scoring without syncreward):")
     for s in range(0, len(synced), K):
         ours, theirs = [round(r, 3) for r in synced[s : s + K]], [round(r, 3) for r in per_rank[s : s + K]]

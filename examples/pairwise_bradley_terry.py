@@ -92,7 +92,7 @@ def local_slice(batch: dict[str, list[Any]], rank: int, world_size: int) -> dict
 def run(rank: int, world_size: int) -> dict[str, list[float]]:
     """Each rank: the synced reward on its rows, and (for comparison) the plain function on its rows only."""
     mine = local_slice(make_batch(), rank, world_size)
-    return {"synced": bradley_terry_reward(**mine), "per_rank": bradley_terry_reward.__wrapped__(**mine)}  # type: ignore[attr-defined]
+    return {"synced": bradley_terry_reward(**mine), "per_rank": bradley_terry_reward.__wrapped__(**mine)}
 
 
 def main(world_size: int = 2) -> list[float]:
@@ -101,7 +101,7 @@ def main(world_size: int = 2) -> list[float]:
     parts = run_ranks(run, world_size)
     synced = [r for p in parts for r in p["synced"]]
     per_rank = [r for p in parts for r in p["per_rank"]]  # what each rank would score on its own rows
-    expected = bradley_terry_reward.__wrapped__(**make_batch())  # type: ignore[attr-defined]
+    expected = bradley_terry_reward.__wrapped__(**make_batch())
     print(f"{world_size} ranks, Bradley-Terry rewards per prompt (synced, then per-rank scoring without syncreward):")
     for s in range(0, len(synced), K):
         ours, theirs = [round(r, 3) for r in synced[s : s + K]], [round(r, 3) for r in per_rank[s : s + K]]

@@ -80,7 +80,7 @@ def main() -> None:
             all_c = [c for part in everything for c in part[0]]
             all_t = [t for part in everything for t in part[1]]
             synced = [r for part in everything for r in part[2]]
-            expected = leave_one_out_reward.__wrapped__(all_c, all_t)  # type: ignore[attr-defined]
+            expected = leave_one_out_reward.__wrapped__(all_c, all_t)
             backend = type(resolve_backend("auto")).__name__  # what backend="auto" picked
             print(
                 f"step {step}: rows per rank {[len(p[2]) for p in everything]}, backend {backend}, "

@@ -23,7 +23,7 @@ in the repository's ``docs/``.
 """
 
 from ._binding import NotSynced
-from ._decorator import synced_reward, synced_rewards
+from ._decorator import SyncedReward, synced_reward, synced_rewards
 from ._errors import (
     BackendError,
     CodecError,
@@ -56,6 +56,7 @@ __all__ = [
     "ResultLengthError",
     "SyncRewardError",
     "SyncTimeoutError",
+    "SyncedReward",
     "UnsupportedTypeError",
     "__version__",
     "resolve_backend",

@@ -54,7 +54,7 @@ TRL_SHARED = frozenset({"trainer_state", "log_extra", "log_metric"})
 
 
 class NotSynced:
-    """Stands in for a per-sample column that was not exchanged between ranks.
+    """Stands in for a per-sample column that was not gathered from the other ranks.
 
     Any use -- ``len()``, iteration, indexing, truth value -- raises :class:`ColumnNotSyncedError` naming
     the column and how to include it. ``repr()`` is safe, so logging ``kwargs`` does not fail.

@@ -1563,11 +1563,11 @@ def decode_frame(
     r = _Reader(memoryview(buf).cast("B"), allow_pickle)
     try:
         if bytes(r.take(4)) != MAGIC:
-            raise CodecError("not a syncreward frame (bad magic); ranks may run different syncreward versions")
+            raise CodecError("not a syncreward payload (bad magic); ranks may run different syncreward versions")
         ncols = r.count(r.u32(), 16)
         nrows = r.u64()
         if nrows > MAX_UNBACKED_ROWS and nrows > r.end:
-            raise CodecError(f"corrupt payload: a frame of {r.end} bytes declares {nrows} rows")
+            raise CodecError(f"corrupt payload: {r.end} bytes declare {nrows} rows")
         cols: list[Column] = []
         buf, end = r.buf, r.end
         for _ in range(ncols):
@@ -1600,7 +1600,7 @@ def decode_frame(
             pos += 8
             body_end = pos + body_len
             if body_len > end - pos:
-                raise CodecError("truncated or corrupt payload: column body overruns the frame")
+                raise CodecError("truncated or corrupt payload: a column runs past the end of the payload")
             if name not in skip:
                 r.pos, r.end = pos, body_end  # the column's decoder reads its body only
                 try:
@@ -1611,7 +1611,7 @@ def decode_frame(
                     raise CodecError(f"corrupt payload: column {name!r} body has trailing bytes")
                 n = len(values)
                 if n != nrows:
-                    raise CodecError(f"corrupt payload: column {name!r} has {n} rows, frame declares {nrows}")
+                    raise CodecError(f"corrupt payload: column {name!r} has {n} rows, the payload declares {nrows}")
                 cols.append(Column(name, container, values))
             r.pos = body_end
             r.align8()
@@ -1622,5 +1622,5 @@ def decode_frame(
     except (ValueError, TypeError, struct.error, OverflowError, MemoryError, RuntimeError) as e:
         raise CodecError(f"corrupt payload: {e}") from None
     if r.pos != r.end:
-        raise CodecError(f"corrupt payload: {r.end - r.pos} trailing bytes after the frame")
+        raise CodecError(f"corrupt payload: {r.end - r.pos} trailing bytes after its columns")
     return nrows, cols, meta

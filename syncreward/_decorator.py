@@ -14,7 +14,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any, TypeVar, cast, overload
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 from typing_extensions import ParamSpec
 
@@ -26,15 +26,32 @@ from ._lifecycle import call_async, call_sync, nested
 from ._modes import MODES
 from ._modes._base import GatherMode
 from ._modes._base import Mode as ModeImpl
-from ._modes.group import GroupMode, RewardGroup
+from ._modes.group import GroupMode, reward_group
 from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, GatherModeName, ModeName, Options
 from .backends import Backend
 from .backends._resolve import BACKEND_NAMES, resolve_backend, unknown_backend_message
 
-__all__ = ["synced_reward", "synced_rewards"]
+__all__ = ["SyncedReward", "synced_reward", "synced_rewards"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class SyncedReward(Protocol, Generic[P, R_co]):
+    """The type of a synced reward: called as the function it wraps, which ``__wrapped__`` is.
+
+    ``reward.__wrapped__(...)`` is the plain function, not synced: on one rank's samples alone it gives
+    what that rank would compute without ``@synced_reward``.
+    """
+
+    __name__: str
+    __qualname__: str
+
+    @property
+    def __wrapped__(self) -> Callable[P, R_co]: ...
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
 
 
 def _stable_name(fn: Any) -> str:
@@ -89,8 +106,12 @@ def _check_options(options: Options, group: bool) -> None:
         raise ValueError(unknown_backend_message(backend))
 
 
-def _not_a_function(decorator: str, value: object) -> str:
-    """What a positional argument that is not a reward function says (``@synced_reward("replicate")``)."""
+def _not_a_function(decorator: str, value: object, params: dict[str, Any] | None = None) -> str:
+    """What a positional argument that is not a reward function says (``@synced_reward("replicate")``).
+
+    ``params``: the decorator's parameters; the options given as keywords beside it stay in the example
+    (``@synced_reward("shard", group_size=4)`` -> ``@synced_reward(mode='shard', group_size=4)``).
+    """
     if isinstance(value, str) and value in MODES:
         keyword = f"mode={value!r}"
     elif isinstance(value, str) and value in BACKEND_NAMES:
@@ -101,6 +122,8 @@ def _not_a_function(decorator: str, value: object) -> str:
         keyword = ""
     eg = "" if keyword else "e.g. "
     keyword = keyword or "mode='replicate'"
+    given = [f"{k}={v!r}" for k, v in _keywords_given(params or {}).items() if not keyword.startswith(f"{k}=")]
+    keyword = ", ".join([keyword, *given])
     if decorator == "synced_reward":
         what, example = "the reward function as its only positional argument", f"@synced_reward({keyword})"
     else:
@@ -112,6 +135,17 @@ def _not_a_function(decorator: str, value: object) -> str:
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Options))
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Options)}
+
+
+def _keywords_given(params: dict[str, Any]) -> dict[str, Any]:
+    """The options among a decorator call's parameters that differ from their defaults, in signature order."""
+
+    def default(name: str) -> bool:
+        value, default = params[name], _DEFAULTS[name]
+        return value is default or (type(value) is type(default) and value == default)
+
+    return {name: params[name] for name in _FIELDS if name in params and not default(name)}
 
 
 def _given(params: dict[str, Any], group: bool = False) -> Options:
@@ -126,7 +160,7 @@ def _given(params: dict[str, Any], group: bool = False) -> Options:
 
 
 @overload
-def synced_reward(fn: Callable[P, R], /) -> Callable[P, R]: ...
+def synced_reward(fn: Callable[P, R], /) -> SyncedReward[P, R]: ...
 
 
 @overload
@@ -142,7 +176,7 @@ def synced_reward(
     shared: Collection[str] | str = (),
     allow_pickle: bool = False,
     process_group: Any = None,
-) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+) -> Callable[[Callable[P, R]], SyncedReward[P, R]]: ...
 
 
 def synced_reward(
@@ -159,7 +193,7 @@ def synced_reward(
     shared: Collection[str] | str = (),
     allow_pickle: bool = False,
     process_group: Any = None,
-) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+) -> SyncedReward[P, R] | Callable[[Callable[P, R]], SyncedReward[P, R]]:
     """Make a reward function see the global batch on every rank, and return each rank its own slice.
 
     On every rank the wrapped function is called, as usual, with that rank's local samples. The
@@ -178,7 +212,7 @@ def synced_reward(
         backend: ``"auto"`` (resolved at call time: a joined Ray group, then accelerate, then
             torch.distributed, else one process), ``"local"``, ``"torch"``, ``"accelerate"``, ``"ray"``,
             or an object implementing ``Backend``.
-        timeout: seconds a rank waits for the others in one exchange step (including waiting for the
+        timeout: seconds a rank waits for the others at one step of a call (for their inputs, or for the
             scoring rank's results); default 1800 (30 minutes, torch.distributed's default). A rank that
             does not arrive in time is named in a ``SyncTimeoutError`` on
             every rank that did.
@@ -187,9 +221,9 @@ def synced_reward(
         group_by: with ``mode="shard"``: samples with equal values in this per-sample column form a group,
             compared by content (any plain value: ``group_by="prompts"`` groups TRL's completions by prompt,
             plain-string or conversational).
-        include: the ``**kwargs`` per-sample columns to exchange (default: all that hold plain data).
-            Parameters the function names are always exchanged.
-        exclude: per-sample columns not to exchange; the function receives a
+        include: the ``**kwargs`` per-sample columns to gather from every rank (default: all that hold plain
+            data). Parameters the function names are always gathered.
+        exclude: per-sample columns not to gather; the function receives a
             ``NotSynced`` placeholder for them. A shared argument named here is not checked across
             ranks: for a value that differs between ranks on purpose (a device, a rank index).
         shared: sequence arguments that are not per-sample (passed through from the scoring rank).
@@ -219,12 +253,12 @@ def synced_reward(
         >>> rank_reward(["a", "abc", "ab"])
         [0.0, 1.0, 0.5]
     """
+    if fn is not None and not callable(fn):  # before the options: "shard" may be why they look wrong
+        raise TypeError(_not_a_function("synced_reward", fn, locals()))
     options = _given(locals())
-    if fn is not None and not callable(fn):
-        raise TypeError(_not_a_function("synced_reward", fn))
 
-    def decorate(func: Callable[P, R]) -> Callable[P, R]:
-        return cast(Callable[P, R], wrap(func, MODES[mode], options))
+    def decorate(func: Callable[P, R]) -> SyncedReward[P, R]:
+        return cast(SyncedReward[P, R], wrap(func, MODES[mode], options))
 
     if fn is not None:
         return decorate(fn)
@@ -241,7 +275,7 @@ def synced_rewards(
     shared: Collection[str] | str = (),
     allow_pickle: bool = False,
     process_group: Any = None,
-) -> tuple[Callable[..., Any], ...]:
+) -> tuple[SyncedReward[..., Any], ...]:
     """Sync several reward functions as a group: the columns they all receive travel once per step.
 
     Each function becomes a synced reward exactly as with ``synced_reward``
@@ -290,7 +324,7 @@ def synced_rewards(
     options = _given(locals(), group=True)
     base = MODES[mode]
     assert isinstance(base, GatherMode)
-    impl = GroupMode(base, RewardGroup())
+    impl = GroupMode(base, reward_group())
     return tuple(wrap(fn, impl, options) for fn in fns)
 
 

@@ -94,7 +94,7 @@ class UnsupportedTypeError(SyncRewardError, TypeError):
 
 
 class ColumnNotSyncedError(SyncRewardError, KeyError):
-    """The function used a per-sample column that was not exchanged (excluded, or not plain data)."""
+    """The function used a per-sample column not gathered from the other ranks (excluded, or not plain data)."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
@@ -113,10 +113,10 @@ class CommunicationError(SyncRewardError):
 
 
 class SyncTimeoutError(CommunicationError, TimeoutError):
-    """Some ranks did not reach the exchange within ``timeout`` seconds.
+    """Some ranks did not reach the synced call (or send their part of it) within ``timeout`` seconds.
 
     Attributes:
-        missing_ranks: ranks that had not reached the exchange when the timeout expired (best effort).
+        missing_ranks: ranks that had not arrived when the timeout expired (best effort).
     """
 
     def __init__(self, message: str, missing_ranks: Sequence[int] = ()) -> None:
@@ -173,6 +173,45 @@ def late_message(record: str, timeout: float) -> str:
         f"for longer than timeout={timeout:g}s (a slow reward, long work between synced calls, or a synced call the "
         "others did not make); raise timeout=. The group is now unusable."
     )
+
+
+_CONTAINER_WORDS = {"list": "a list", "tuple": "a tuple", "ndarray": "a numpy array", "tensor": "a tensor"}
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def column_differences(columns: Sequence[str]) -> list[str]:
+    """How the ranks' per-sample columns differ, one line per column, from each rank's ``[name:container, ...]``.
+
+    ``column 'scores' is a numpy array on rank 0 and a list on rank 1``; ``column 'solution' is passed on
+    rank 0 but not on rank 1``. Empty where a rank's columns are unknown (``[?]``: its arguments did not bind).
+    """
+    passed: list[dict[str, str]] = []
+    for text in columns:
+        inner = text.strip()[1:-1]
+        if inner == "?":
+            return []
+        try:
+            passed.append(dict(c.rsplit(":", 1) for c in inner.split(", ")) if inner else {})
+        except ValueError:  # a column name with ", " in it: the ranks' lines above say it all
+            return []
+    lines = []
+    for name in dict.fromkeys(n for cols in passed for n in cols):
+        by_kind: dict[str, list[int]] = {}
+        for rank, cols in enumerate(passed):
+            by_kind.setdefault(cols.get(name, ""), []).append(rank)
+        if len(by_kind) == 1:
+            continue
+        missing = by_kind.pop("", [])
+        kinds = [f"{_CONTAINER_WORDS.get(k, k)} on {_ranks(ranks)}" for k, ranks in by_kind.items()]
+        if missing and len(kinds) == 1:
+            lines.append(f"column {name!r} is passed on {_ranks(by_kind.popitem()[1])} but not on {_ranks(missing)}")
+        else:
+            absent = f", and not passed on {_ranks(missing)}" if missing else ""
+            lines.append(f"column {name!r} is {' and '.join(kinds)}{absent}")
+    return lines
 
 
 def call_words(seq: int, function: str) -> str:

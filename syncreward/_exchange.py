@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._codec import decode_value
-from ._errors import CodecError, MismatchError, RemoteError
+from ._errors import CodecError, MismatchError, RemoteError, column_differences
 from ._outcome import Error, Value, add_note
 from ._session import Session
 from ._wire import (
@@ -247,6 +247,8 @@ class Link:
         blobs = self.broadcast_blobs(self.description.encode("utf-8", "backslashreplace"), desc_sizes)
         texts = [b.decode(errors="replace") for b in blobs]
         lines = [f"  rank {r}: {t}" for r, t in enumerate(texts)]
+        if len({_reward_of(t) for t in texts}) == 1:  # the same reward: say which column differs, and how
+            lines += [f"  {d}" for d in column_differences([_columns_of(t) for t in texts])]
         hint = (
             f"{SAME_CALLS}, with the same per-sample columns (same names and container types), at the same training "
             "step (a call made on some ranks only, e.g. under `if rank == 0`, shifts every later call)."

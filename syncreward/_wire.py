@@ -255,7 +255,7 @@ class Headers:
             values = self._words[col]
             if min(values) < 0 or max(values) > MAX_FIELD:
                 bad = [i for i, v in enumerate(values) if not 0 <= v <= MAX_FIELD]
-                return f"rank(s) {bad} sent an invalid {what} in their header ({values[bad[0]]})"
+                return f"rank(s) {bad} sent an invalid {what} in the record of their call ({values[bad[0]]})"
         return None
 
     @property

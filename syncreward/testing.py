@@ -453,7 +453,7 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
         ranks' backends and sessions when ``run_threads`` returns (or raises).
 
     Raises:
-        RanksFailed: a rank raised or did not finish in time, or a rank broke the exchange protocol; holds
+        RanksFailed: a rank raised or did not finish in time, or the ranks' collectives did not match; holds
             every failing rank's traceback (for a hung rank, its current stack).
     """
     group = ThreadGroup(world_size)

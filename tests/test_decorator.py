@@ -34,8 +34,8 @@ def test_public_api_is_pinned() -> None:
         [
             "Backend", "BackendError", "CodecError", "ColumnNotSyncedError", "CommunicationError",
             "GroupBrokenError", "InputError", "MismatchError", "NotSynced", "RemoteError", "ResultLengthError",
-            "SyncRewardError", "SyncTimeoutError", "UnsupportedTypeError", "__version__", "resolve_backend",
-            "synced_reward",
+            "SyncRewardError", "SyncTimeoutError", "SyncedReward", "UnsupportedTypeError", "__version__",
+            "resolve_backend", "synced_reward",
             "synced_rewards",
         ]
     )

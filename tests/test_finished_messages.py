@@ -169,6 +169,16 @@ def test_positional_option_says_pass_options_as_keywords(value: Any, keyword: st
     assert str(info.value).endswith(f"HINT: pass options as keywords: synced_rewards(f, g, {keyword}).")
 
 
+def test_positional_mode_with_shard_options_says_pass_options_as_keywords() -> None:
+    """``@synced_reward("shard", group_size=4)``: the positional mode is the mistake, not ``group_size``."""
+    with pytest.raises(TypeError) as info:
+        synced_reward("shard", group_size=4, timeout=30)  # type: ignore[call-overload]
+    assert str(info.value) == (
+        "synced_reward() takes the reward function as its only positional argument, not 'shard' (a str). "
+        "HINT: pass options as keywords: @synced_reward(mode='shard', timeout=30, group_size=4)."
+    )
+
+
 def test_timeout_hint_names_the_missing_rank() -> None:
     # rank 0 scores and waits for rank 1's inputs: the hint is about rank 1, not "the scoring rank"
     @synced_reward(timeout=1)

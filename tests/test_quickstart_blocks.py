@@ -61,3 +61,13 @@ def test_quickstart_clone_line_skips_the_clone_in_a_checkout(tmp_path: Path) -> 
     )  # fmt: skip
     assert fresh.returncode == 0, fresh.stderr
     assert fresh.stdout.strip() == str(tmp_path / "syncreward")
+
+
+def test_quickstart_page_install_block_skips_the_clone_in_a_checkout() -> None:
+    """docs/quickstart.md's install block starts as README's blocks do: no clone inside a checkout."""
+    text = (ROOT / "docs" / "quickstart.md").read_text()
+    section = re.search(r"^## Install\n(.*?)(?=^## )", text, re.S | re.M)
+    assert section is not None
+    install = re.findall(r"```bash\n(.*?)```", section.group(1), re.S)[0]
+    assert _commands(install)[:3] == [CLONE, VENV, TORCH]
+    assert "pip install -e ." in _commands(install)

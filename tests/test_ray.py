@@ -462,3 +462,37 @@ def test_a_task_and_the_driver_can_be_members(members: Any) -> None:
     assert theirs == [expected[1], expected[1]]
     with pytest.raises(syncreward.BackendError, match="join"):
         resolve_backend("ray")  # left
+
+
+# --------------------------------------------------------------------------------------------- shipped by value
+
+
+def test_reward_group_members_in_an_actor_class_shipped_by_value_stay_one_group(members: Any) -> None:
+    """docs/ray.md's pattern with a reward group: rewards and actor class made where pickle cannot name them
+    (as in a driver script's ``__main__``), so Ray ships the class by value, with the group's members."""
+
+    def count(completions: Any, **kwargs: Any) -> list[float]:
+        return [float(len(completions))] * len(completions)
+
+    def longest(completions: Any, **kwargs: Any) -> list[float]:
+        return [float(max(map(len, completions)))] * len(completions)
+
+    first, second = syncreward.synced_rewards(count, longest, backend="ray", timeout=60)
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def step(self, rank: int, world_size: int, completions: list[str]) -> Any:
+            with join("by-value", rank, world_size):
+                group = second.__syncreward_spec__.impl.group  # how many calls reused a gathering
+                before = group.hits
+                return first(completions), second(completions), group.hits - before
+
+    batches = [["a", "bbb"], ["cc", "d", "eeeee"]]
+    workers = [Worker.remote() for _ in batches]  # type: ignore[attr-defined]
+    try:
+        refs = [w.step.remote(r, len(batches), b) for r, (w, b) in enumerate(zip(workers, batches, strict=True))]
+        got = ray.get(refs, timeout=120)
+    finally:
+        for w in workers:
+            ray.kill(w)
+    assert got == [([5.0, 5.0], [5.0, 5.0], 1), ([5.0] * 3, [5.0] * 3, 1)]

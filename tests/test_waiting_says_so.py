@@ -8,7 +8,11 @@ first warning come early (it is 60 s by default).
 from __future__ import annotations
 
 import logging
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,3 +84,22 @@ def test_waiting_says_so_only_after_the_first_interval_then_each_time_the_wait_d
     assert not WaitLog(timeout=5).due()  # a timeout before the first warning: its error says it all
     monkeypatch.setenv(WARN_ENV, "4")
     assert WaitLog(timeout=5, started=time.monotonic() - 4.1).due()
+
+
+def test_waiting_warning_in_troubleshooting_is_what_python_prints_without_logging_configured() -> None:
+    """No handler of ours: with no logging configured, Python's last-resort handler prints the message alone,
+    and docs/troubleshooting.md's sample must be that line (not a format the user never sees)."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "troubleshooting.md").read_text()
+    samples = [b for b in re.findall(r"```text\n(.*?)```", page, re.S) if "has waited 60s" in b]
+    assert samples, "the waiting warning's sample is gone from docs/troubleshooting.md"
+    script = (
+        "import logging, time\n"
+        "from syncreward.backends._waiting import CALL, WaitLog\n"
+        "assert not logging.getLogger('syncreward').handlers  # a library attaches none\n"
+        "assert not logging.getLogger('syncreward.backends._waiting').handlers\n"
+        "CALL.set(\"synced call #0 of 'accuracy' on rank 0 while sending its inputs\")\n"
+        "WaitLog(1800.0, time.monotonic() - 60.2).warn([3], 'make their first synced call')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.split() == samples[0].split(), (proc.stderr, samples[0])

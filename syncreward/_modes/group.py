@@ -37,12 +37,18 @@ makes that decision the same on every rank:
   ``test_reward_group_members_in_another_order_where_one_rank_misses_raise_mismatch_on_every_rank_at_once``).
 
 An inbound exchange that fails (on every rank) makes every rank forget what was kept.
+
+Members pickle (``pickle``, ``copy.deepcopy``, cloudpickle: how Ray ships a class defined in the driver
+script) and stay one group: a :class:`RewardGroup` travels as its token alone, and every copy of a
+group's members unpickled in one process -- together or one by one -- finds the same group there
+(:func:`reward_group`). What a group kept belongs to the process that gathered it and never travels.
 """
 
 from __future__ import annotations
 
 import array
 import collections
+import secrets
 import threading
 import weakref
 from dataclasses import dataclass
@@ -59,7 +65,7 @@ from .._outcome import Error, Outcome, Value, capture
 from .._session import Session
 from ._base import GatherMode, GatherScoring, Mode
 
-__all__ = ["GroupMode", "RewardGroup"]
+__all__ = ["GroupMode", "RewardGroup", "reward_group"]
 
 
 _PROVING = (list, collections.deque, array.array, np.ndarray, torch.Tensor)
@@ -103,13 +109,21 @@ class _Kept:
 
 
 class RewardGroup:
-    """What the members of one group keep, per session (the group may be used over several backends)."""
+    """What the members of one group keep, per session (the group may be used over several backends).
 
-    def __init__(self) -> None:
+    It pickles as its ``token`` (made when the group is): unpickled in a process, it is that process's
+    group of this token (:func:`reward_group`), so members pickled one by one are one group again.
+    """
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token if token is not None else secrets.token_hex(16)
         self._kept: weakref.WeakKeyDictionary[Session, _Kept] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return reward_group, (self.token,)
 
     def kept(self, session: Session) -> _Kept | None:
         with self._lock:
@@ -122,6 +136,20 @@ class RewardGroup:
     def forget(self, session: Session) -> None:
         with self._lock:
             self._kept.pop(session, None)
+
+
+_GROUPS: weakref.WeakValueDictionary[str, RewardGroup] = weakref.WeakValueDictionary()
+_GROUPS_LOCK = threading.Lock()
+
+
+def reward_group(token: str | None = None) -> RewardGroup:
+    """This process's reward group named ``token`` (a new group where none is): how a group unpickles."""
+    with _GROUPS_LOCK:
+        group = _GROUPS.get(token) if token is not None else None
+        if group is None:
+            group = RewardGroup(token)
+            _GROUPS[group.token] = group
+        return group
 
 
 class GroupMode(Mode[GatherScoring]):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from typing_extensions import assert_type
 
-from syncreward import synced_reward
+from syncreward import synced_reward, synced_rewards
 
 
 @synced_reward
@@ -33,3 +33,16 @@ coroutine.close()
 bare(["a"])  # type: ignore[call-arg]
 called(["a"], scale="x")  # type: ignore[arg-type]
 synced_reward(mode="everywhere")  # type: ignore[call-overload]
+
+# ``reward.__wrapped__`` is the plain function, with its signature (the docs call it on one rank's samples)
+assert_type(bare.__wrapped__(["a"], ["b"]), list[float])
+assert_type(called.__wrapped__(["a"], scale=2.0), list[float | None])
+assert_type(asynchronous.__wrapped__(["a"]), Coroutine[Any, Any, list[float]]).close()
+plain: Callable[[list[str], list[str]], list[float]] = bare.__wrapped__
+bare.__wrapped__(["a"])  # type: ignore[call-arg]
+called.__wrapped__(["a"], scale="x")  # type: ignore[arg-type]
+unwrapped = bare.__unwrapped__  # type: ignore[attr-defined]
+name: str = bare.__name__
+
+member, other = synced_rewards(bare, called)
+assert_type(member.__wrapped__, Callable[..., Any])
