@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ._codec import Column, container_of
+from ._codec import C_TENSOR, Column, container_of
 from ._errors import ColumnNotSyncedError, InputError
 from ._reads import readable_keywords
 from ._wire import NO_STEP
@@ -113,6 +113,8 @@ class Bound:
     """Each parameter's kind (looked up once per function, not per call)."""
     signature: inspect.Signature | None = None
     """Set when the call passed positional arguments: they are passed positionally again."""
+    unread_tensor: Any = None
+    """A tensor column that did not travel (never read): its device is where tensor results go if no column is one."""
 
     def shared_value(self, name: str) -> Any:
         """A named argument, or one that reached ``**kwargs`` (``None`` if the call has none)."""
@@ -160,9 +162,9 @@ def _pick(name: str, original: Any, values: dict[str, Any], reasons: dict[str, s
     return original
 
 
-def _readable_by(readers: Sequence[Callable[..., Any]], include: frozenset[str] | None) -> frozenset[str] | None:
-    """The keyword names any of ``readers`` can read, with the ``include``d ones (``None``: any name)."""
-    names: set[str] = set(include or ())
+def _readable_by(readers: Sequence[Callable[..., Any]], forced: frozenset[str]) -> frozenset[str] | None:
+    """The keyword names any of ``readers`` can read, with the ``forced`` ones (``None``: any name)."""
+    names: set[str] = set(forced)
     for fn in readers:
         got = readable_keywords(fn)
         if got is None:
@@ -220,9 +222,11 @@ class Binder:
         shared: Collection[str] | str,
         function: str = "",
         readers: Sequence[Callable[..., Any]] = (),
+        needed: Collection[str] = (),
     ) -> None:
         # readers: the functions whose readable keywords decide which **kwargs columns travel (a reward
-        # group's members: what any member can read); fn alone by default
+        # group's members: what any member can read); fn alone by default. needed: the columns the library
+        # itself reads (shard's group_by=), which travel whether the function reads them or not
         self.function = function or getattr(fn, "__qualname__", type(fn).__qualname__)
         self.signature = inspect.signature(fn)
         self.kinds = {name: p.kind for name, p in self.signature.parameters.items()}
@@ -241,7 +245,7 @@ class Binder:
             raise ValueError(f"columns {sorted(clash)} are both shared and included; pick one")
         # shared values never checked across ranks: TRL's objects, and what the user excluded on purpose
         self.unchecked = TRL_SHARED | self.exclude
-        self.readable = _readable_by(readers or (fn,), self.include)
+        self.readable = _readable_by(readers or (fn,), (self.include or frozenset()) | frozenset(needed))
         """The ``**kwargs`` names that may travel (``None``: any); the others are never read, so never sent."""
 
     def _bind_keywords(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
@@ -314,6 +318,7 @@ class Binder:
         lengths: dict[str, int] = {}
         shared: dict[str, Any] = {}
         unread: dict[str, int] = {}  # **kwargs columns the function cannot read -> their lengths
+        unread_tensor = None
         readable = self.readable
         for name, value, named in self._slots(arguments):
             if name in self.shared:
@@ -323,6 +328,8 @@ class Binder:
             if not named and readable is not None and name not in readable:
                 if container is not None:
                     unread[name] = len(value)
+                    if container == C_TENSOR and unread_tensor is None:
+                        unread_tensor = value
                     continue
                 if _not_a_column(value) is not None:  # unreadable: neither refused nor checked
                     unread[name] = -1
@@ -370,7 +377,9 @@ class Binder:
         columns.sort(key=_NAME)
         n = next(iter(lengths.values()))
         step = call_step(shared)
-        return Bound(arguments, columns, frozenset(droppable), excluded, n, step, shared, self.kinds, positional)
+        return Bound(
+            arguments, columns, frozenset(droppable), excluded, n, step, shared, self.kinds, positional, unread_tensor
+        )
 
     def _misfit(self, e: TypeError) -> str:
         """What a call whose arguments do not fit the function's signature says (``e``: inspect's words)."""

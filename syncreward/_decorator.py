@@ -304,7 +304,10 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options, readers: Sequence[Any
     backend, process_group, group_by = options.backend, options.process_group, options.group_by
     include, exclude, shared = options.include, options.exclude, options.shared
     display, name = _display_name(func), _stable_name(func)
-    binder = Binder(func, include=include, exclude=exclude, shared=shared, function=name, readers=readers)
+    needed = (group_by,) if group_by is not None else ()  # the shard mode reads it itself
+    binder = Binder(
+        func, include=include, exclude=exclude, shared=shared, function=name, readers=readers, needed=needed
+    )
     if group_by is not None and group_by in binder.shared:
         raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
     spec = Spec(

@@ -349,6 +349,15 @@ def test_unread_kwargs_columns_are_neither_length_checked_nor_refused() -> None:
         bind(length_reward, trl_call(weights=[0.5, 0.5]))
 
 
+def test_unread_kwargs_tensor_column_still_says_where_tensor_results_go() -> None:
+    import torch
+
+    ids = torch.zeros(3, 4)
+    bound = bind(accuracy_reward, trl_call(completion_ids=ids))
+    assert [c.name for c in bound.columns] == ["completions", "solution"]
+    assert bound.unread_tensor is ids  # _call.device: the device of the caller's tensor inputs
+
+
 def test_unread_kwargs_still_give_the_batch_size_when_the_function_reads_no_column() -> None:
     def constant(**kwargs: Any) -> list[float]:
         return []
@@ -423,6 +432,17 @@ def test_unread_kwargs_reward_group_carries_what_any_member_reads() -> None:
     for rank, (got, sent) in enumerate(sent_by_rank(format_reward, group=(accuracy_reward, format_reward))):
         assert got == oracle(format_reward, rank, 2)
         assert sent < ID_BYTES // 10, f"rank {rank} sent {sent} bytes: completion_ids travelled"
+
+
+def test_unread_kwargs_group_by_column_travels_for_the_shard_mode() -> None:
+    """``group_by="prompts"`` is read by the library itself, though the function never reads it."""
+
+    def body(rank: int, world_size: int) -> Any:
+        synced = synced_reward(mode="shard", group_by="prompts", timeout=20)(format_reward)
+        return synced(**rank_call(rank))
+
+    for rank, got in enumerate(run_threads(body, 2, timeout=120)):
+        assert got == oracle(format_reward, rank, 2)
 
 
 def test_unread_kwargs_ranks_that_differ_only_in_an_unread_column_pair() -> None:
