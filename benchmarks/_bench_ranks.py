@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import gc
 import pickle
 import random
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import _trl_call as trl_call
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -137,6 +139,7 @@ class Synced:
         return results[0]
 
 
+@functools.cache  # one Old class per launch, however many variants use it
 def load_old_package(root: str) -> tuple[Any, Any]:
     """``syncreward_old`` (another revision's package, extracted under ``root``) and its torch backend class."""
     import importlib
@@ -517,6 +520,37 @@ def tune_malloc() -> bool:
     return bool(libc.mallopt(-3, 256 << 20)) and bool(libc.mallopt(-1, 1 << 30))
 
 
+def _trl_call_payload(
+    payload: str, rank: int, world_size: int, cfg: dict[str, Any], counter: CollectiveCounter
+) -> dict[str, Any]:
+    """The ``trlcall`` payload (``_trl_call``): its variants checked, counted and timed like the others."""
+    call = trl_call.call_for(payload, rank, world_size)
+    variants: dict[str, Any] = trl_call.variants(call, cfg.get("old_package"), Raw, load_old_package)
+    raw = variants.pop("_raw")
+    if cfg.get("variants"):
+        variants = {k: v for k, v in variants.items() if k in cfg["variants"]}
+    columns = trl_call.columns(call)
+    info: dict[str, Any] = {
+        "n_local": len(call["completions"]),
+        "frame_bytes": raw.frame_bytes,  # the columns the reward reads
+        "pickle_bytes": len(pickle.dumps(columns)),  # every per-sample column TRL passes
+        "pickle_field_bytes": {k: len(pickle.dumps(v)) for k, v in columns.items()},
+    }
+    counter.install()
+    try:
+        acc = _account(variants, counter)
+    finally:
+        counter.uninstall()
+    expected = trl_call.expected(payload, rank, world_size)
+    for name, a in acc.items():
+        results = a.pop("results")
+        want = expected["ids"] if name.startswith("main_ids") else expected["accuracy"]
+        a["correct"] = None if name.startswith("raw_") else all(list(r) == want for r in results)
+    info["account"] = acc
+    info["times"] = _timed_rounds(variants, cfg["rounds"], cfg["warmup"])
+    return info
+
+
 def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1)
     if cfg.get("tune_malloc"):
@@ -525,6 +559,9 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
     counter = CollectiveCounter()
     fns = Synced(cfg.get("old_package"))
     for payload in cfg["payloads"]:
+        if payload in trl_call.PAYLOADS:  # TRL's real call: every column, the reward reading two
+            out["payloads"][payload] = _trl_call_payload(payload, rank, world_size, cfg, counter)
+            continue
         batch = make_batch(payload, rank, world_size)
         raw = Raw(batch)
         variants = variants_for(batch, raw, Probe(), fns, Bare(batch, payload))

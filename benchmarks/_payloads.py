@@ -9,6 +9,8 @@ Every payload has the four per-sample columns a GRPO math reward typically gets 
 * ``skewed``: the ``trl`` sample shape, but rank 1 holds 8x the samples (512) and rank 0 -- the scoring
   rank -- holds none; the other ranks hold 64.
 * ``judge``: the shard-mode throughput case: 32 samples per rank (16 groups of 8 over 4 ranks).
+* ``trlcall``: TRL's real call with long completions (``_trl_call``): 64 completions of ~8 KB text per
+  rank, ~2000 token ids each, and every column TRL passes; the reward reads two of them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 __all__ = ["PAYLOADS", "local_count", "make_batch"]
 
-PAYLOADS = ("trl", "trl16", "large", "skewed")
+PAYLOADS = ("trl", "trl16", "large", "skewed", "trlcall")
 VOCAB = 151_936  # Qwen2 tokenizer size: most ids need 5 bytes in pickle, 8 in int64
 _VOCABULARY = (
     "the of and to in is that for it as with be on by this are we which from at or an have not can so if then "
@@ -33,6 +35,7 @@ _SHAPES = {
     "large": (256, 4096, 1000),
     "skewed": (64, 1024, 250),
     "judge": (32, 1024, 250),
+    "trlcall": (64, 8192, 2000),
 }
 
 

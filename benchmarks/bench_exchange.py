@@ -33,6 +33,9 @@ Variants:
 ``raw_to_root``             one exact-size ``dist.all_to_all_single`` of every frame to rank 0 (a gather)
 ``raw_round_trip``          ``raw_to_root`` + one all_to_all of 8 bytes/sample back: the floor of any
                             main-mode protocol (two collectives, no serialisation)
+``main_ids``                the ``trlcall`` payload only: a synced reward that reads ``completion_ids``
+                            through ``**kwargs`` (every column travels); the payload's other variants
+                            are its reward's (``_trl_call``)
 ``probe_*``                 one header-sized collective (``HEADER_LEN`` int64 per rank): ``dist.all_gather``,
                             ``dist.all_to_all_single``, and syncreward's ``TorchDistributedBackend.all_gather``
 ==========================  ============================================================================
@@ -46,6 +49,7 @@ variant interleaved with its baselines; extra options after it override the pres
     python benchmarks/bench_exchange.py --row w32     # W=32 (16 per rank, to fit in memory)
     python benchmarks/bench_exchange.py --row calls   # Python function calls per call on the scoring rank
     python benchmarks/bench_exchange.py --row overhead  # one process: the wrapper's cost per call
+    python benchmarks/bench_exchange.py --row trl --ab REV  # TRL's real call, the reward reading 2 columns
     python benchmarks/bench_codec.py                  # the codec alone (encode, decode, frame bytes)
 
 It also measures the single-process overhead (``timeit``, min of repeats) and shard-vs-main throughput
@@ -82,6 +86,8 @@ VARIANTS = (
     "main",
     "main_collectives",
     "main_old",
+    "main_ids",
+    "main_ids_old",
     "bare_main",
     "replicate",
     "shard",
@@ -104,6 +110,8 @@ LABELS = {
     "main": '@synced_reward mode="main"',
     "main_collectives": '@synced_reward mode="main", every exchange a gloo alltoallv (no point-to-point)',
     "main_old": '@synced_reward mode="main" of the --ab revision (its whole package)',
+    "main_ids": '@synced_reward mode="main" of a reward reading completion_ids through **kwargs (trlcall)',
+    "main_ids_old": "main_ids of the --ab revision (its whole package)",
     "bare_main": "main's data path alone: the codec and the same two collectives, none of the library around them",
     "step3_group_old": "step3_group of the --ab revision (its whole package)",
     "replicate": '@synced_reward mode="replicate"',
@@ -646,6 +654,12 @@ ROWS: dict[str, list[str]] = {
         *("--profile-calls", "20", "--profile-payloads", "trl", "--shard-rounds", "0", "--overhead-number", "0"),
     ],
     "overhead": ["--world-sizes", "--payloads", "trl", "--profile-calls", "0", "--shard-rounds", "0"],
+    "trl": [  # TRL's real call (issue 30): every column handed to a reward that reads two; add --ab REV
+        *("--world-sizes", "2", "4", "--rounds", "20", "--warmup", "2", "--payloads", "trlcall"),
+        *("--variants", "main", "main_old", "main_ids", "main_ids_old", "handrolled", "dict_gather"),
+        *("raw_to_root", "raw_all_gather"),
+        *_QUIET,
+    ],
 }
 _RATIOS = (  # (variant, baseline) pairs reported for every world size and payload that has both
     ("main", "dict_gather"),
@@ -662,6 +676,9 @@ _RATIOS = (  # (variant, baseline) pairs reported for every world size and paylo
     ("step3_group", "handrolled"),
     ("main", "main_old"),
     ("step3_group", "step3_group_old"),
+    ("main", "raw_to_root"),
+    ("main_ids", "main_ids_old"),
+    ("main_ids", "handrolled"),
 )
 
 

@@ -9,12 +9,17 @@ Which per-sample columns travel:
 
 * parameters the function names (``def f(completions, solution, **kwargs)``) always travel; one holding
   objects the wire cannot carry is an error (unless ``allow_pickle=True``);
-* columns that only reach ``**kwargs`` (TRL passes every dataset column) travel when they hold plain data;
-  ones holding other objects -- a VLM dataset's PIL ``image`` column, TRL's ``environments`` -- are
-  left behind and the function receives a :class:`NotSynced` placeholder that raises a clear error
-  when used, so it can never silently see a local-only column next to a global batch;
-* ``include=[...]`` limits the ``**kwargs`` columns to the ones named, ``exclude=[...]`` leaves columns
-  behind, ``shared=[...]`` marks sequence arguments that are not per-sample (e.g. a list of weights).
+* a column that only reaches ``**kwargs`` (TRL passes every dataset column) does not travel at all when
+  the function provably never reads its ``**kwargs`` (``_reads.readable_keywords``, decided once per
+  function from its code; in a reward group, when no member can read it): it is not encoded, not sent,
+  not checked across ranks, and the function's ``**kwargs`` does not hold it;
+* the other ``**kwargs`` columns travel when they hold plain data; ones holding other objects -- a VLM
+  dataset's PIL ``image`` column, TRL's ``environments`` -- are left behind and the function receives a
+  :class:`NotSynced` placeholder that raises a clear error when used, so it can never silently see a
+  local-only column next to a global batch;
+* ``include=[...]`` limits the ``**kwargs`` columns to the ones named (and makes them travel, read or
+  not), ``exclude=[...]`` leaves columns behind, ``shared=[...]`` marks sequence arguments that are not
+  per-sample (e.g. a list of weights).
 
 An iterator (a generator, ``map``, ``zip``), a set or a dict view is neither: an iterator can be read
 only once (it could be neither sent nor checked), and a set has no order to match its entries with the
@@ -30,14 +35,15 @@ from __future__ import annotations
 
 import inspect
 import operator
-from collections.abc import Callable, Collection, Iterator, Set, ValuesView
+from collections.abc import Callable, Collection, Iterator, Sequence, Set, ValuesView
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ._codec import Column, container_of
+from ._codec import C_TENSOR, Column, container_of
 from ._errors import ColumnNotSyncedError, InputError
+from ._reads import readable_keywords
 from ._wire import NO_STEP
 
 __all__ = ["TRL_SHARED", "Binder", "Bound", "NotSynced"]
@@ -107,6 +113,8 @@ class Bound:
     """Each parameter's kind (looked up once per function, not per call)."""
     signature: inspect.Signature | None = None
     """Set when the call passed positional arguments: they are passed positionally again."""
+    unread_tensor: Any = None
+    """A tensor column that did not travel (never read): its device is where tensor results go if no column is one."""
 
     def shared_value(self, name: str) -> Any:
         """A named argument, or one that reached ``**kwargs`` (``None`` if the call has none)."""
@@ -152,6 +160,17 @@ def _pick(name: str, original: Any, values: dict[str, Any], reasons: dict[str, s
     if name in reasons:
         return NotSynced(name, reasons[name])
     return original
+
+
+def _readable_by(readers: Sequence[Callable[..., Any]], forced: frozenset[str]) -> frozenset[str] | None:
+    """The keyword names any of ``readers`` can read, with the ``forced`` ones (``None``: any name)."""
+    names: set[str] = set(forced)
+    for fn in readers:
+        got = readable_keywords(fn)
+        if got is None:
+            return None
+        names |= got
+    return frozenset(names)
 
 
 def _names(option: str, value: Collection[str] | str | None) -> frozenset[str] | None:
@@ -202,7 +221,12 @@ class Binder:
         exclude: Collection[str] | str,
         shared: Collection[str] | str,
         function: str = "",
+        readers: Sequence[Callable[..., Any]] = (),
+        needed: Collection[str] = (),
     ) -> None:
+        # readers: the functions whose readable keywords decide which **kwargs columns travel (a reward
+        # group's members: what any member can read); fn alone by default. needed: the columns the library
+        # itself reads (shard's group_by=), which travel whether the function reads them or not
         self.function = function or getattr(fn, "__qualname__", type(fn).__qualname__)
         self.signature = inspect.signature(fn)
         self.kinds = {name: p.kind for name, p in self.signature.parameters.items()}
@@ -221,6 +245,8 @@ class Binder:
             raise ValueError(f"columns {sorted(clash)} are both shared and included; pick one")
         # shared values never checked across ranks: TRL's objects, and what the user excluded on purpose
         self.unchecked = TRL_SHARED | self.exclude
+        self.readable = _readable_by(readers or (fn,), (self.include or frozenset()) | frozenset(needed))
+        """The ``**kwargs`` names that may travel (``None``: any); the others are never read, so never sent."""
 
     def _bind_keywords(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """``inspect``'s binding of a keyword-only call, or ``None`` to let ``inspect`` do it (and raise)."""
@@ -291,11 +317,23 @@ class Binder:
         excluded: dict[str, str] = {}
         lengths: dict[str, int] = {}
         shared: dict[str, Any] = {}
+        unread: dict[str, int] = {}  # **kwargs columns the function cannot read -> their lengths
+        unread_tensor = None
+        readable = self.readable
         for name, value, named in self._slots(arguments):
             if name in self.shared:
                 shared[name] = value
                 continue
             container = container_of(value)
+            if not named and readable is not None and name not in readable:
+                if container is not None:
+                    unread[name] = len(value)
+                    if container == C_TENSOR and unread_tensor is None:
+                        unread_tensor = value
+                    continue
+                if _not_a_column(value) is not None:  # unreadable: neither refused nor checked
+                    unread[name] = -1
+                    continue
             if container is None:
                 if (why := _not_a_column(value)) is not None:
                     raise InputError(
@@ -323,6 +361,11 @@ class Binder:
         missing = self.include - {name for name, _, _ in self._slots(arguments)} if self.include else None
         if missing:
             raise InputError(f"include names {sorted(missing)}, but the call has no such argument")
+        if unread:
+            vk = self._var_keyword
+            arguments[vk] = {k: v for k, v in arguments[vk].items() if k not in unread}  # type: ignore[index]
+            if not lengths:  # no column the function can read: the unread ones still say the batch size
+                lengths = {k: v for k, v in unread.items() if v >= 0}
         if not lengths:
             raise InputError(
                 "the synced function was called without any per-sample argument (a list, tuple, numpy array or "
@@ -334,7 +377,9 @@ class Binder:
         columns.sort(key=_NAME)
         n = next(iter(lengths.values()))
         step = call_step(shared)
-        return Bound(arguments, columns, frozenset(droppable), excluded, n, step, shared, self.kinds, positional)
+        return Bound(
+            arguments, columns, frozenset(droppable), excluded, n, step, shared, self.kinds, positional, unread_tensor
+        )
 
     def _misfit(self, e: TypeError) -> str:
         """What a call whose arguments do not fit the function's signature says (``e``: inspect's words)."""

@@ -303,6 +303,8 @@ def device(call: Call) -> torch.device:
         for c in call.bound.columns:
             if c.container == C_TENSOR:
                 return c.values.device  # type: ignore[no-any-return]
+        if call.bound.unread_tensor is not None:  # a tensor column the function never reads stayed here
+            return call.bound.unread_tensor.device  # type: ignore[no-any-return]
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return torch.device("cuda", torch.cuda.current_device())
     return CPU

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import inspect
 import sys
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 from typing_extensions import ParamSpec
@@ -325,17 +325,23 @@ def synced_rewards(
     base = MODES[mode]
     assert isinstance(base, GatherMode)
     impl = GroupMode(base, reward_group())
-    return tuple(wrap(fn, impl, options) for fn in fns)
+    return tuple(wrap(fn, impl, options, readers=fns) for fn in fns)  # the group carries what any member reads
 
 
-def wrap(func: Any, impl: ModeImpl[Any], options: Options) -> Any:
-    """The synced wrapper of one function; ``impl`` is the mode object that runs its calls."""
+def wrap(func: Any, impl: ModeImpl[Any], options: Options, readers: Sequence[Any] = ()) -> Any:
+    """The synced wrapper of one function; ``impl`` is the mode object that runs its calls.
+
+    ``readers``: the functions whose readable ``**kwargs`` columns travel (a reward group's members), else ``func``.
+    """
     if isinstance(func, (staticmethod, classmethod)):  # @synced_reward above @staticmethod / @classmethod
-        return type(func)(wrap(func.__func__, impl, options))
+        return type(func)(wrap(func.__func__, impl, options, readers))
     backend, process_group, group_by = options.backend, options.process_group, options.group_by
     include, exclude, shared = options.include, options.exclude, options.shared
     display, name = _display_name(func), _stable_name(func)
-    binder = Binder(func, include=include, exclude=exclude, shared=shared, function=name)
+    needed = (group_by,) if group_by is not None else ()  # the shard mode reads it itself
+    binder = Binder(
+        func, include=include, exclude=exclude, shared=shared, function=name, readers=readers, needed=needed
+    )
     if group_by is not None and group_by in binder.shared:
         raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
     spec = Spec(

@@ -67,6 +67,21 @@ def test_bench_exchange_smoke(tmp_path: Path) -> None:
         assert (tmp_path / "img" / "performance.png").stat().st_size > 10_000
 
 
+def test_bench_trl_call_smoke(tmp_path: Path) -> None:
+    """``--row trl``: TRL's real call; the reward reading two columns sends less than one reading all."""
+    out = tmp_path / "results.json"
+    cmd = [sys.executable, str(SCRIPT), "--row", "trl", "--world-sizes", "2", "--rounds", "1", "--warmup", "0"]
+    cmd += ["--timeout", "240", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    variants = json.loads(out.read_text())["world_sizes"]["2"]["payloads"]["trlcall"]["variants"]
+    assert set(variants) == {"main", "main_ids", "handrolled", "dict_gather", "raw_to_root", "raw_all_gather"}
+    for name, v in variants.items():
+        assert v["correct"] in (True, None), name
+    assert variants["main"]["sent_total"] < 0.6 * variants["main_ids"]["sent_total"]
+
+
 def test_scale_model_smoke(tmp_path: Path) -> None:
     """benchmarks/scale.py runs and its closed-form model matches the counts it measures (W=2, 3)."""
     out = tmp_path / "scale.json"

@@ -13,7 +13,8 @@ from syncreward._binding import Binder
 
 
 def trl_reward(completions: list[str], solution: list[str], **kwargs: Any) -> list[float]:
-    return [0.0] * len(completions)
+    """Reads its ``**kwargs``, so every column reaching them travels (an unread one would not: test_unread_kwargs)."""
+    return [0.0] * len(kwargs.get("prompts", completions))
 
 
 def binder(fn: Any = trl_reward, **options: Any) -> Binder:
@@ -56,7 +57,7 @@ def test_shared_values_pass_through_untouched() -> None:
 
 def test_positional_calls_stay_positional() -> None:
     def f(completions, /, solution, *rest, **kwargs):  # type: ignore[no-untyped-def]
-        return completions
+        return completions, kwargs
 
     bound = Binder(f, include=None, exclude=(), shared=()).bind((["a"], ["b"], ["c"]), {"extra": ["d"]})
     args, kwargs = bound.call_args({"completions": ["A", "B"], "solution": ["S", "T"]})

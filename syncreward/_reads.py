@@ -1,0 +1,136 @@
+"""Which keyword arguments a function can read: decided once per reward, from its code.
+
+TRL hands every reward ``prompts``, ``completions``, ``completion_ids`` and every dataset column; most
+rewards name two of them and never touch their ``**kwargs``. A column that only reaches a ``**kwargs``
+the function never reads need not travel. :func:`readable_keywords` says which keyword names the code
+that actually runs can read: its named parameters, or ``None`` -- *any* name -- whenever its ``**kwargs``
+might be read. It is conservative; each of these means "may read it" (``None``):
+
+* the ``**kwargs`` local is loaded anywhere in the code (``LOAD_FAST`` and every other opcode that
+  loads a fast local or a cell, Python 3.10-3.13): passed on (``helper(**kwargs)``, a decorator's
+  ``*args, **kwargs`` wrapper), indexed, iterated, even after being reassigned. Only storing to or
+  deleting it is not a read;
+* it is captured by a closure, a nested function, a lambda or a comprehension (a cell variable);
+* the code, or code nested in it, names something that can reach the frame's locals: ``locals``,
+  ``vars``, ``dir``, ``eval``, ``exec``, ``breakpoint``, ``sys._getframe``, ``inspect.currentframe`` and
+  ``inspect.stack``/``trace``, a frame's or traceback's ``f_locals``/``f_back``/``tb_frame``, ...;
+* code that cannot be seen: a builtin or C function, a class, a callable object whose ``__call__`` is
+  not a Python function, a ``functools.partial`` of any of those.
+
+What runs is what is inspected: a function made by ``functools.wraps`` is the wrapper's code (its
+``__wrapped__`` is what the wrapper calls, and only through what the wrapper passes on); a bound
+method, ``staticmethod``, ``classmethod`` or ``functools.partial`` is the function it calls; a callable
+object is its class's ``__call__``. Generators and ``async def`` functions are inspected like any other.
+A call that reaches the frame from code elsewhere (a helper of another module calling
+``sys._getframe(1)``) is out of sight; ``include=`` forces a column in.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import inspect
+import types
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["readable_keywords"]
+
+#: Names that reach a frame's locals without naming them: a code object (or code nested in it) that names
+#: one of these (as a global, a builtin, an attribute or a method) may read its ``**kwargs``.
+FRAME_READERS = frozenset(
+    {
+        "locals",
+        "vars",
+        "dir",
+        "eval",
+        "exec",
+        "breakpoint",
+        "set_trace",
+        "_getframe",
+        "_getframemodulename",
+        "currentframe",
+        "stack",
+        "trace",
+        "getouterframes",
+        "getinnerframes",
+        "f_locals",
+        "f_back",
+        "tb_frame",
+        "gi_frame",
+        "cr_frame",
+        "ag_frame",
+        "settrace",
+        "setprofile",
+    }
+)
+
+#: Opcodes that only store to or delete a local: not a read of its value.
+_WRITES = frozenset({"STORE_FAST", "DELETE_FAST", "STORE_FAST_STORE_FAST"})
+_LOCAL_OPS = frozenset(dis.haslocal) | frozenset(dis.hasfree)
+_LOCAL_WORDS = ("FAST", "DEREF", "CLOSURE", "CELL")  # opcodes of later Pythons that touch a fast local or a cell
+
+
+def readable_keywords(fn: Any) -> frozenset[str] | None:
+    """The keyword names ``fn`` can read when called, or ``None`` if it may read any (see the module).
+
+    A keyword not in the set reaches only a ``**kwargs`` that the function provably never reads.
+    """
+    code = _running_code(fn, depth=0)
+    if code is None:
+        return None
+    return _readable(code)
+
+
+@functools.lru_cache(maxsize=1024)
+def _readable(code: types.CodeType) -> frozenset[str] | None:
+    """What the code can read (cached per code object: one decision per function, however often wrapped)."""
+    named = code.co_argcount + code.co_kwonlyargcount
+    names = frozenset(code.co_varnames[:named])
+    if not code.co_flags & inspect.CO_VARKEYWORDS:
+        return names
+    var_kw = code.co_varnames[named + bool(code.co_flags & inspect.CO_VARARGS)]
+    if var_kw in code.co_cellvars or _reaches_frames(code) or _loads(code, var_kw):
+        return None
+    return names
+
+
+def _running_code(fn: Any, depth: int) -> types.CodeType | None:
+    """The code object that runs when ``fn`` is called (``None``: code that cannot be seen)."""
+    if depth > 16:  # a pathological chain of partials and bound methods
+        return None
+    if isinstance(fn, (staticmethod, classmethod, types.MethodType)):
+        return _running_code(fn.__func__, depth + 1)
+    if isinstance(fn, functools.partial):
+        return _running_code(fn.func, depth + 1)
+    if isinstance(fn, types.FunctionType):
+        return fn.__code__
+    if isinstance(fn, type) or not callable(fn):
+        return None  # a class (its __new__/__init__/metaclass) or something uncallable: not analysed
+    call = inspect.getattr_static(type(fn), "__call__", None)
+    if isinstance(call, types.FunctionType):
+        return call.__code__
+    return None
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    """``code`` and every code object nested in it (functions, lambdas, comprehensions, classes)."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _reaches_frames(code: types.CodeType) -> bool:
+    return any(not FRAME_READERS.isdisjoint(c.co_names) for c in _codes(code))
+
+
+def _loads(code: types.CodeType, name: str) -> bool:
+    """Whether any instruction of ``code`` may read the local ``name`` (anything but a plain store or delete)."""
+    for ins in dis.get_instructions(code):
+        if ins.opcode not in _LOCAL_OPS and not any(w in ins.opname for w in _LOCAL_WORDS):
+            continue
+        arg = ins.argval
+        if (arg == name or (isinstance(arg, tuple) and name in arg)) and ins.opname not in _WRITES:
+            return True
+    return False
