@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._batch import Split, encode_rows, read_frame, reassemble, split_result, take
-from .._call import Call, Payload, device, encode, exchange, inputs, link, merge
+from .._call import Call, Payload, device, encode, exchange, inputs, link, lost, merge
 from .._errors import CodecError, InputError
 from .._exchange import INBOUND, OUTBOUND, Inbound
 from .._keys import KEY_BYTES, group_keys
@@ -245,8 +245,8 @@ class ShardMode(Mode[ShardScoring]):
                         raise CodecError(f"rank {s} returned {nrows} results for {len(plan.sent[s])} samples")
                     parts[s] = (cols, meta)
             return Value(self._assemble(call, plan, logs, parts))
-        except BaseException as e:  # everything was exchanged: a local failure, the session stays usable
-            return Error(e)
+        except BaseException as e:  # everything was exchanged: a local failure, told at this rank's next call
+            return lost(call, e)
 
     def _assemble(
         self, call: Call, plan: _Shard, logs: Logs, parts: dict[int, tuple[list[Any], dict[str, Any]]]
