@@ -76,6 +76,13 @@ A process's exit never waits on a peer. Two things could make it:
   is still running is never destroyed while it runs: it waits in ``_abandoned`` until the collective
   ends, and at exit it is leaked on purpose (its destructor never runs; the process's end closes its
   sockets, which is what the peers see).
+
+A rank that leaves the job says so: at interpreter exit, or when the default group is destroyed, it
+writes a *left record* in the job's store (:func:`watch_job`, ``_LEFT``): why, and how many exchanges it
+entered in each of its groups. A rank waiting in an exchange the leaver never entered, or for its first
+synced call, reads it between slices and raises naming it. A rank whose own step fails inside an
+exchange (out of memory building a buffer) tells the peers through :meth:`TorchDistributedBackend.abort`
+(an ``E`` abort record), so they raise at once instead of at ``timeout``.
 """
 
 from __future__ import annotations
