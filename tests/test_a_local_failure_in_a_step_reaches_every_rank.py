@@ -123,3 +123,39 @@ def test_after_a_local_failure_in_a_step_the_group_is_broken_on_every_rank(
             continue
         assert got[0] == "GroupBrokenError", (rank, got)
         assert got[2] < 1.0, (rank, got)
+
+
+def test_a_local_failure_in_a_step_reaches_every_rank_within_seconds_on_thread_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The test double does what real ranks do: its backend's ``abort`` breaks the group at once."""
+    import threading
+    import time
+
+    from syncreward.testing import run_threads
+
+    original = _exchange._blocks
+
+    def blocks(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == f"syncreward-rank{FAILING}":
+            _out_of_memory()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_exchange, "_blocks", blocks)
+    reward = synced_reward(timeout=TIMEOUT)(_plain)
+
+    def body(rank: int, world_size: int) -> tuple[str, Any, float]:
+        t0 = time.monotonic()
+        try:
+            reward([f"r{rank}"])
+        except BaseException as e:
+            return type(e).__name__, str(e), time.monotonic() - t0
+        return "ok", None, time.monotonic() - t0
+
+    for rank, (kind, message, seconds) in enumerate(run_threads(body, 3, timeout=120)):
+        if rank == FAILING:
+            assert kind == "MemoryError", (kind, message)
+            continue
+        assert kind == "CommunicationError", (rank, kind, message)
+        assert f"MemoryError on rank {FAILING}" in message, (rank, message)
+        assert seconds < 5.0, (rank, seconds)
