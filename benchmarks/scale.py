@@ -46,7 +46,6 @@ if str(HERE) not in sys.path:
 MODES = ("main", "replicate", "shard", "step3")
 # replicate's status row: [status, blob bytes, *CallCheck] int64 (fingerprint, seq, step, shared digest, desc bytes)
 HEADER_ROW_STATUS = 7 * 8
-STATUS_ROW = 2 * 8  # a status round's row without a check record: status, error size (shard's last round)
 SHARD_EMPTY_FRAME = 112  # shard: the result frame a scoring rank sends a rank it scored nothing for (keys, logs, count)
 TRL_FRAME = 197_024  # one rank's frame of the benchmark `trl` payload (64 completions of ~1 KB + ~250 ids)
 TRL_RESULT_CAP = 8 * 64 * 2  # order of one rank's result block for 64 floats (only its growth with W matters)
@@ -148,12 +147,12 @@ def model(mode: str, w: int, rank: int, p: dict[str, int]) -> dict[str, int]:
         }
     if mode == "shard":
         # groups whole on their rank: headers, a row of W+2 sizes to every rank, nothing, a row of W+3 sizes to
-        # every rank, an (empty) result frame to every rank, a status row (2 words) to every rank
-        rows = 8 * (2 + w) + 8 * (3 + w) + STATUS_ROW
+        # every rank, an (empty) result frame to every rank
+        rows = 8 * (2 + w) + 8 * (3 + w)
         return {
-            "collectives": 6,
-            "msgs_out": 5 * (w - 1),
-            "msgs_in": 5 * (w - 1),
+            "collectives": 5,
+            "msgs_out": 4 * (w - 1),
+            "msgs_in": 4 * (w - 1),
             "bytes_out": (w - 1) * (H + rows + SHARD_EMPTY_FRAME),
             "bytes_in": (w - 1) * (H + rows + SHARD_EMPTY_FRAME),
             "recv_buffer_peak": max(w * H, 8 * w * (3 + w), (w - 1) * SHARD_EMPTY_FRAME),

@@ -143,6 +143,9 @@ def open_call(
     problem: str | None,
 ) -> tuple[Call, Value[Payload] | Error]:
     """Bind the arguments, fingerprint the call, let the mode prepare its payload (or fail: an ``Error``)."""
+    lost = session.take_lost()
+    if lost is not None:  # this rank failed to read an earlier call's results: this call tells every rank
+        return unbound_call(spec, session, seq, site), Error(lost)
     try:
         if problem is not None:
             raise MismatchError(problem)
@@ -178,6 +181,15 @@ def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | No
     # the path-independent site is compared; the user's file and line are shown (they may differ per rank)
     fp = fingerprint(schema + site.key)
     return Call(spec, session, seq, site, bound, fp, f"call #{seq}{at}: {schema}{site.shown}", shared)
+
+
+def lost(call: Call, error: BaseException) -> Error:
+    """This rank failed after the call's last exchange (reading its results): its outcome here.
+
+    The session notes it, so that this rank's next synced call tells the others (``Session.lose``).
+    """
+    call.session.lose(call.seq, call.spec.name, error)
+    return Error(error)
 
 
 def link(call: Call, channel: int) -> Link:

@@ -29,6 +29,7 @@ from ._modes._base import Mode as ModeImpl
 from ._modes.group import GroupMode, reward_group
 from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, GatherModeName, ModeName, Options
 from .backends import Backend
+from .backends._cache import note_job
 from .backends._resolve import BACKEND_NAMES, resolve_backend, unknown_backend_message
 
 __all__ = ["SyncedReward", "synced_reward", "synced_rewards"]
@@ -156,6 +157,7 @@ def _given(params: dict[str, Any], group: bool = False) -> Options:
     """
     options = Options(**{name: params[name] for name in _FIELDS if name in params})
     _check_options(options, group)
+    note_job()  # a rank that leaves without making a synced call can then say so (docs/reliability.md, "Leaving")
     return options
 
 

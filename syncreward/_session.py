@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from ._errors import (
     BackendError,
     CommunicationError,
+    SyncRewardError,
     SyncTimeoutError,
     call_words,
     forked_message,
@@ -54,7 +55,7 @@ from ._turnstile import Latch, Turnstile
 from ._wire import Predictor
 from .backends import Backend
 from .backends._cache import on_release
-from .backends._protocol import abandons
+from .backends._protocol import abandons, aborts
 from .backends._waiting import CALL
 
 __all__ = ["Session", "live_sessions", "session_for"]
@@ -83,6 +84,7 @@ class Session:
             int, tuple[Any, str, Any, Any]
         ] = {}  # unfinished async calls: seq -> (spec, site, task, turn)
         self._untold: dict[int, str] = {}  # unfinished async calls found ambiguous by a later call: seq -> why
+        self._lost: SyncRewardError | None = None  # this rank failed to read a call's results; its next call says so
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -161,6 +163,28 @@ class Session:
             self._tasks.pop(seq, None)
             return self._untold.pop(seq, None)
 
+    def lose(self, seq: int, function: str, error: BaseException) -> None:
+        """This rank failed after call ``seq``'s last exchange (reading its results): the others never learned.
+
+        Its next synced call raises on every rank, naming it (:meth:`take_lost`): no round of its own per call.
+        """
+        lost = SyncRewardError(
+            f"rank {self.rank} failed to read the results of {call_words(seq, function)}: {type(error).__name__}: "
+            f"{reason_of(error)}. HINT: that call returned its results on the other ranks; this rank raised its "
+            "own error then. Every rank raises this at the next synced call, so that no rank goes on as if that "
+            "call had worked everywhere; the call after it works again."
+        )
+        lost.__cause__ = error
+        with self._lock:
+            if self._lost is None:
+                self._lost = lost
+
+    def take_lost(self) -> SyncRewardError | None:
+        """The failure :meth:`lose` recorded, once: the next call sends it as this rank's failure."""
+        with self._lock:
+            lost, self._lost = self._lost, None
+        return lost
+
     def break_(self, reason: str) -> None:
         """Break the latch (first reason wins) and fail every waiting step."""
         with self._lock:
@@ -181,6 +205,13 @@ class Session:
         if abandoning is not None:
             with contextlib.suppress(Exception):  # at exit: one backend's failure must not keep the others
                 abandoning.abandon(reason)
+
+    def _tell_peers(self, reason: str) -> None:
+        """This rank failed on its own inside a step: the backend's ``abort`` (where it has one) tells the peers."""
+        aborting = aborts(self.backend)
+        if aborting is not None:
+            with contextlib.suppress(Exception):  # best effort: this rank's own failure is raised either way
+                aborting.abort(reason)
 
     # ------------------------------------------------------------------------------------------ steps
 
@@ -214,7 +245,9 @@ class Session:
                 return Error(error)
             except BaseException as e:  # not collective: the ranks may now disagree about the sequence
                 where = f"on rank {self.rank} while {_PHASES[channel]}"
-                self.break_(f"{call} raised {type(e).__name__} {where}: {reason_of(e)}")
+                reason = f"{call} raised {type(e).__name__} {where}: {reason_of(e)}"
+                self.break_(reason)
+                self._tell_peers(reason)  # they wait in this step's exchange: they raise now, not at timeout=
                 return Error(e)
             finally:
                 CALL.reset(named)

@@ -322,6 +322,8 @@ class ThreadGroup:
         self.violations: list[tuple[int, str]] = []
         self._channels = (_Channel(world_size), _Channel(world_size))
         self._aborted: str | None = None
+        self._left: dict[int, tuple[str, tuple[int, int]]] = {}  # rank -> (why, exchanges it entered per channel)
+        self._lock = threading.Lock()  # entering an exchange vs. a rank leaving: one sees the other
 
     def backends(self) -> list[ThreadBackend]:
         """One :class:`ThreadBackend` per rank."""
@@ -332,6 +334,30 @@ class ThreadGroup:
         self._aborted = self._aborted or reason
         for ch in self._channels:
             ch.barrier.abort()
+
+    def leave(self, rank: int, why: str) -> None:
+        """Thread-rank ``rank`` left (its body returned): ranks waiting in an exchange it never entered raise.
+
+        As a real rank's left record does: a rank that made every exchange the others wait in fails nobody.
+        """
+        with self._lock:
+            self._left[rank] = (why, (self._channels[0].ops[rank], self._channels[1].ops[rank]))
+            for ch in self._channels:
+                if any(n > ch.ops[rank] for n in ch.ops):  # someone entered an exchange this rank never will
+                    ch.broken = ch.broken or ("L", self._left_message(ch, max(ch.ops)) or why)
+                    ch.barrier.abort()
+
+    def _left_message(self, ch: _Channel, op: int) -> str | None:
+        """Why the ranks that left before entering exchange ``op`` of ``ch`` will never arrive (None: none did)."""
+        channel = self._channels.index(ch)
+        whys = [why for _, (why, ops) in sorted(self._left.items()) if ops[channel] < op]
+        if not whys:
+            return None
+        return (
+            f"{'; '.join(whys)} without making this synced call, so it will never arrive. HINT: every rank must make "
+            "the same synced calls: a call made on some ranks only (under `if rank == 0:`) leaves the others "
+            "waiting for ranks that have finished; make it on every rank."
+        )
 
     def exchange(self, channel: int, rank: int, item: Any, timeout: float) -> list[Any]:
         """Post ``item`` and return every rank's item, in rank order (all ranks must call it).
@@ -345,15 +371,27 @@ class ThreadGroup:
             kind, what = ch.broken
             if kind == "T":
                 raise CommunicationError(late_message(what, timeout))
+            if kind == "L":
+                raise CommunicationError(what)
             raise CommunicationError(f"{what}. HINT: see that rank's traceback; the group is now unusable.")
-        ch.slots[rank] = item
-        ch.ops[rank] += 1
-        op = ch.ops[rank]
+        with self._lock:
+            ch.slots[rank] = item
+            ch.ops[rank] += 1
+            op = ch.ops[rank]
+            left = self._left_message(ch, op)
+            if left is not None:
+                ch.broken = ch.broken or ("L", left)
+                ch.barrier.abort()
+        if left is not None:
+            raise CommunicationError(left)
         try:
             ch.barrier.wait(timeout)
             got = list(ch.slots)
             ch.barrier.wait(timeout)  # nobody overwrites a slot before everyone has read it
         except threading.BrokenBarrierError:
+            left = self._left_message(ch, op)
+            if left is not None:
+                raise CommunicationError(left) from None
             if self._aborted is not None:
                 ch.broken = ch.broken or ("F", f"the group was aborted: {self._aborted}")
                 raise CommunicationError(
@@ -428,6 +466,33 @@ class ThreadBackend:
         """The optional exit hook of :class:`syncreward.Backend`: abort the group, so no rank waits in it."""
         self.group.abort(reason)
 
+    def abort(self, reason: str) -> None:
+        """The optional capability of :class:`syncreward.Backend`: this rank's step failed; the others raise now."""
+        self.group.abort(reason)
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _short_traceback(e: BaseException) -> str:
+    """``e``'s traceback without syncreward's own frames (the user's frames and every message are kept)."""
+    try:
+        te = traceback.TracebackException.from_exception(e)
+        seen: set[int] = set()
+        todo = [te]
+        while todo:
+            t = todo.pop()
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            kept = [f for f in t.stack if not os.path.abspath(f.filename).startswith(_PACKAGE)]
+            if len(kept) < len(t.stack):
+                t.stack = traceback.StackSummary.from_list(kept)
+            todo.extend(x for x in (t.__cause__, t.__context__) if x is not None)
+        return "".join(te.format()) + "(syncreward's own frames are left out)\n"
+    except Exception:
+        return "".join(traceback.format_exception(e))
+
 
 def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` threads of this process; return their results.
@@ -452,9 +517,14 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
         The values ``fn`` returned, in rank order. Nothing of the run stays behind: syncreward forgets its
         ranks' backends and sessions when ``run_threads`` returns (or raises).
 
+    A rank whose ``fn`` returns has left, as a real rank that exits: ranks waiting in a synced call it
+    never made raise at once, naming it (``rank 1 exited (its body returned) without making this synced
+    call``), instead of waiting for ``timeout``.
+
     Raises:
-        RanksFailed: a rank raised or did not finish in time, or the ranks' collectives did not match; holds
-            every failing rank's traceback (for a hung rank, its current stack).
+        RanksFailed: a rank raised or did not finish in time, or a rank broke the exchange protocol; holds
+            every failing rank's traceback, without syncreward's own frames (for a hung rank, its current
+            stack).
     """
     group = ThreadGroup(world_size)
     backends = group.backends()
@@ -466,8 +536,10 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
             with as_thread_rank(backends[rank]):  # a new thread starts in an empty context
                 results[rank] = _finish(fn(rank, world_size, *args))  # asyncio.run copies this context
         except BaseException as e:
-            failures[rank] = "".join(traceback.format_exception(e))
+            failures[rank] = _short_traceback(e)
             group.abort(f"rank {rank} raised {type(e).__name__}")
+        else:  # as a real rank's exit: the others stop waiting for calls it never made
+            group.leave(rank, f"rank {rank} exited (its body returned)")
 
     threads = [
         threading.Thread(target=run, args=(r,), name=f"syncreward-rank{r}", daemon=True) for r in range(world_size)

@@ -109,13 +109,13 @@ def test_a_rank_that_exits_after_fewer_calls_is_named_as_the_likely_cause() -> N
     assert o["kind"] == "CommunicationError", o
     assert "'my_reward'" in o["msg"]
     assert not INTERNAL.search(o["msg"]), o["msg"]
-    assert "closed its connection" in o["msg"]
-    assert "exited, crashed or was killed" in o["msg"]
-    assert "fewer synced calls than the others" in o["msg"]
+    # its left record names it (run_ranks ends a rank with destroy_process_group()), not only a closed connection
+    assert "rank 1 destroyed its process group without making this synced call" in o["msg"], o["msg"]
+    assert "every rank must make the same synced calls" in o["msg"]
     assert "probably died" not in o["msg"]
     assert o["s"] < 5.0  # at once, not after timeout=30
     assert r0["after"]["kind"] == "GroupBrokenError"
-    assert "closed its connection" in r0["after"]["msg"]
+    assert "without making this synced call" in r0["after"]["msg"]
 
 
 # --------------------------------------------------------------------------------------------- run_threads
@@ -178,7 +178,8 @@ def test_concurrent_async_calls_that_a_rank_never_joins_each_name_their_call() -
     import asyncio
 
     def body(rank: int, world_size: int) -> list[dict[str, Any]]:
-        if rank == 1:
+        if rank == 1:  # busy past the timeout (a rank that returns has left: it would be named at once)
+            time.sleep(1.5)
             return []
 
         async def two() -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ cases run on thread-ranks and on real gloo ranks, and both must say the same.
 
 from __future__ import annotations
 
+import time
 import traceback
 from typing import Any
 
@@ -186,7 +187,8 @@ def test_timeout_hint_names_the_missing_rank() -> None:
         return [1.0] * len(completions)
 
     def body(rank: int, world_size: int) -> Any:
-        if rank == 1:
+        if rank == 1:  # busy past the timeout (a rank that returns has left: it would be named at once)
+            time.sleep(1.5)
             return None
         return _message(lambda: scored(completions=["a"]))
 

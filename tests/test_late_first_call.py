@@ -78,3 +78,36 @@ def test_late_first_call_says_the_others_gave_up_at_once_on_thread_ranks() -> No
     assert slow[0] == "CommunicationError", slow
     assert "had given up waiting for this rank" in slow[1], slow
     assert slow[2] < 1.0, slow
+
+
+def _body_three(rank: int, world_size: int, tmp: str) -> tuple[str, Any, float]:
+    """Ranks 0 and 1 are on time (rank 1 half a second after rank 0, so rank 0 gives up first); rank 2 is late."""
+    gave_up, late_done = Path(tmp, "gave_up"), Path(tmp, "late_done")
+    synced = synced_reward(timeout=TIMEOUT)(_plain)
+    if rank == 1:
+        time.sleep(0.5)
+    if rank == 2:
+        time.sleep(TIMEOUT + 3.0)  # 7 s: after both on-time ranks gave up
+    got = outcome(synced, [f"c{rank}"])
+    if rank == 2:
+        late_done.touch()
+    else:
+        gave_up.touch()
+        _wait_for(late_done)  # rank 0 hosts the store: every rank stays until the late one is done
+    return got
+
+
+@pytest.mark.multiprocess
+def test_late_first_call_an_on_time_rank_times_out_naming_the_late_rank(tmp_path: Path) -> None:
+    """An on-time rank that finds another on-time rank's give-up record times out with it, naming the late rank.
+
+    It used to be told that "the other ranks had given up waiting for this rank before it arrived", as if it
+    were the late one.
+    """
+    first, second, late = run_ranks(_body_three, 3, str(tmp_path), timeout=120)
+    for rank, got in ((0, first), (1, second)):
+        assert got[0] == "SyncTimeoutError", (rank, got)
+        assert got[1] == (2,), (rank, got)
+        assert TIMEOUT - 0.6 < got[2] < TIMEOUT + 2.0, (rank, got)  # rank 1 goes when rank 0 gives up
+    assert late[0] == "CommunicationError", late
+    assert "had given up waiting for this rank" in late[1], late

@@ -452,6 +452,8 @@ def test_unit_mismatch_and_timeout_on_fake_backend() -> None:
         try:
             if rank != 1:
                 f(["x"])
+            else:  # busy past the timeout (a rank that returns has left: it would be named at once)
+                time.sleep(2.0)
         except SyncTimeoutError:
             out.append(("SyncTimeoutError", time.perf_counter() - t0))
         return out

@@ -60,7 +60,8 @@ def test_run_threads_rank_that_raises_breaks_the_group_and_others_fail_fast() ->
 
 def test_run_threads_timeout_in_the_exchange_is_a_sync_timeout_error() -> None:
     def body(rank: int, world_size: int) -> Any:
-        if rank == 1:
+        if rank == 1:  # alive but busy past the timeout (a rank that returns has left: it would be named at once)
+            time.sleep(1.5)
             return None
         with pytest.raises(syncreward.SyncTimeoutError) as info:
             synced_reward(timeout=0.5)(centred.__wrapped__)(["a"])  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """A rank that waits long for its peers says so: a rate-limited warning naming the call, who, and how long.
 
 Checked where a rank waits on real gloo ranks: for the first synced call of a rank that never makes it
-(it exited), and inside an exchange for a rank that comes late. ``SYNCREWARD_WAIT_WARN_S`` makes the
+(it is busy past the timeout; a rank that exits is named at once instead), and inside an exchange for a rank
+that comes late. ``SYNCREWARD_WAIT_WARN_S`` makes the
 first warning come early (it is 60 s by default).
 """
 
@@ -44,7 +45,8 @@ def _body(rank: int, world_size: int, case: str) -> tuple[Any, list[str]]:
         synced([f"c{rank}"])  # the groups exist: the next wait is inside an exchange
     if rank == 1:
         if case == "first_call":
-            return ("skipped", None, 0.0), []  # skips its first synced call and exits
+            time.sleep(7.0)  # busy past rank 0's timeout=6, then leaves without its first synced call
+            return ("skipped", None, 0.0), []
         time.sleep(3.0)
     return outcome(synced, [f"c{rank}"]), records.lines
 

@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .._batch import read_frame, rebuild_result
-from .._call import Call, Inputs, Payload, device, encode, exchange, inputs, link, merge, record
+from .._call import Call, Inputs, Payload, device, encode, exchange, inputs, link, lost, merge, record
 from .._errors import CodecError
 from .._exchange import OUTBOUND, Inbound, exchange_results
 from .._logs import Logs
@@ -166,5 +166,5 @@ class GatherMode(Mode[GatherScoring]):
                 raise CodecError(f"rank {root} sent {nrows} results for {inbound.counts[call.rank]} samples")
             Logs(call.bound, call.spec.name).replay(meta.get("logs", ()))
             return Value(rebuild_result(meta.get("keys"), cols, device(call)))
-        except BaseException as e:  # everything was exchanged: a local failure, the session stays usable
-            return Error(e)
+        except BaseException as e:  # everything was exchanged: a local failure, told at this rank's next call
+            return lost(call, e)

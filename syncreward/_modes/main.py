@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._batch import split_result
-from .._call import Call, Payload, encodable_here, encode
+from .._call import Call, Payload, encodable_here, encode, lost
 from .._exchange import Inbound
 from .._logs import Logs
 from .._outcome import Error, Outcome, Value
@@ -75,6 +75,6 @@ class MainMode(GatherMode):
             return got
         try:
             logs.replay(split.value.logs[ROOT])
-        except BaseException as e:
-            return Error(e)
+        except BaseException as e:  # after the last exchange: told at this rank's next call
+            return lost(call, e)
         return Value(split.value.result)

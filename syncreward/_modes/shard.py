@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._batch import Split, encode_rows, read_frame, reassemble, split_result, take
-from .._call import Call, Payload, device, encode, exchange, inputs, link, merge
+from .._call import Call, Payload, device, encode, exchange, inputs, link, lost, merge
 from .._errors import CodecError, InputError
 from .._exchange import INBOUND, OUTBOUND, Inbound
 from .._keys import KEY_BYTES, group_keys
@@ -233,7 +233,6 @@ class ShardMode(Mode[ShardScoring]):
                     "the same container with the same keys and dtype for every group, e.g. always a list of floats."
                 )
             )
-        mine: Value[Any] | Error
         try:
             parts: dict[int, tuple[list[Any], dict[str, Any]]] = {}
             for s, frame in enumerate(sent.value.parts):
@@ -245,14 +244,9 @@ class ShardMode(Mode[ShardScoring]):
                     if nrows != len(plan.sent[s]):
                         raise CodecError(f"rank {s} returned {nrows} results for {len(plan.sent[s])} samples")
                     parts[s] = (cols, meta)
-            mine = Value(self._assemble(call, plan, logs, parts))
-        except BaseException as e:  # this rank's failure to put its results together: it travels
-            mine = Error(e)
-        # Putting results together is work each rank does alone, after the last exchange of data: one
-        # status round so that a rank that failed there (a decode, a log function, a device move) is not
-        # the only one to raise while the others return.
-        done = link(call, OUTBOUND).status_round(mine.error if isinstance(mine, Error) else None)
-        return done if isinstance(done, Error) else mine
+            return Value(self._assemble(call, plan, logs, parts))
+        except BaseException as e:  # everything was exchanged: a local failure, told at this rank's next call
+            return lost(call, e)
 
     def _assemble(
         self, call: Call, plan: _Shard, logs: Logs, parts: dict[int, tuple[list[Any], dict[str, Any]]]

@@ -23,7 +23,7 @@ from typing import Any
 from .._errors import BackendError, forked_message
 from ._protocol import releases
 
-__all__ = ["cached", "on_release", "release", "torch_active"]
+__all__ = ["cached", "note_job", "on_release", "release", "torch_active"]
 
 # (kind, id(WORLD), id(process_group)) -> backend, and the weak references that prove those ids are still
 # the same objects (a strong reference would keep a destroyed job's groups, sockets and threads alive)
@@ -109,6 +109,29 @@ def _release_dead(_: Any = None) -> None:
 
 
 atexit.register(_release_all)
+
+
+def note_job() -> None:
+    """A synced reward was made: remember the running torch.distributed job, if any (never imports torch).
+
+    So that this rank, leaving the job without ever making a synced call, can tell the others
+    (``torch_distributed.watch_job``).
+    """
+    if torch_active():
+        from .torch_distributed import watch_job
+
+        watch_job()
+
+
+def _left_at_exit() -> None:
+    """Threading's exit hook: a rank that leaves a torch.distributed job says so in the job's store."""
+    if torch_active() or "syncreward.backends.torch_distributed" in sys.modules:
+        from .torch_distributed import left_at_exit
+
+        left_at_exit()
+
+
+threading._register_atexit(_left_at_exit)  # type: ignore[attr-defined]  # registered at import: no call needed
 
 
 def _after_fork_in_child() -> None:

@@ -1,8 +1,8 @@
 """The contract between syncreward and a transport: two collectives on byte buffers, three optional extras.
 
 :class:`Backend` is what every transport implements. A transport may also offer any of the capabilities
-:class:`Scatters`, :class:`Abandons` and :class:`Releases`, each one method; syncreward asks
-:func:`scatters`, :func:`abandons` and :func:`releases` whether a backend has one: a method of the
+:class:`Scatters`, :class:`Abandons`, :class:`Aborts` and :class:`Releases`, each one method; syncreward asks
+:func:`scatters`, :func:`abandons`, :func:`aborts` and :func:`releases` whether a backend has one: a method of the
 backend's class answers once per class; an object whose class has none is asked itself.
 """
 
@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Abandons", "Backend", "Releases", "Scatters", "abandons", "releases", "scatters"]
+__all__ = ["Abandons", "Aborts", "Backend", "Releases", "Scatters", "abandons", "aborts", "releases", "scatters"]
 
 
 @runtime_checkable
@@ -30,7 +30,7 @@ class Backend(Protocol):
     ``syncreward.GroupBrokenError`` without touching it).
 
     A backend may also offer the optional capabilities below (:class:`Scatters`, :class:`Abandons`,
-    :class:`Releases`): one method each, found by its name and signature, no base class needed.
+    :class:`Aborts`, :class:`Releases`): one method each, found by its name and signature, no base class needed.
 
     Example:
         A third-party backend needs no base class (this one is a group of one rank):
@@ -112,6 +112,24 @@ class Abandons(Protocol):
 
 
 @runtime_checkable
+class Aborts(Protocol):
+    """A backend that can tell the peers at once that this rank failed on its own, outside the collective.
+
+    Without it, a rank whose step fails locally (a ``MemoryError`` building a receive buffer) leaves the
+    peers waiting in that exchange until its ``timeout``.
+    """
+
+    def abort(self, reason: str) -> None:
+        """This rank failed inside a step and will not complete it: the peers' exchanges should raise.
+
+        Every peer waiting in an exchange of this group, or starting one later, should raise at once with
+        ``reason`` (``synced call #3 of 'f' raised MemoryError on rank 1 while sending its inputs: ...``).
+        Best effort and never blocking: syncreward calls it with the failure in hand, then raises it.
+        """
+        ...
+
+
+@runtime_checkable
 class Releases(Protocol):
     """A backend that holds resources of its own (the torch backend's gloo groups)."""
 
@@ -121,7 +139,12 @@ class Releases(Protocol):
 
 
 _capabilities: dict[tuple[type, type], bool] = {}  # (backend class, capability) -> whether the class has it
-_METHOD: dict[type, str] = {Scatters: "scatter", Abandons: "abandon", Releases: "release"}  # each one's method
+_METHOD: dict[type, str] = {  # each one's method
+    Scatters: "scatter",
+    Abandons: "abandon",
+    Aborts: "abort",
+    Releases: "release",
+}
 
 
 def _has(backend: object, kind: type) -> bool:
@@ -148,6 +171,11 @@ def scatters(backend: object) -> Scatters | None:
 def abandons(backend: object) -> Abandons | None:
     """``backend`` if it has an :class:`Abandons` capability, else None."""
     return backend if _has(backend, Abandons) else None  # type: ignore[return-value]
+
+
+def aborts(backend: object) -> Aborts | None:
+    """``backend`` if it has an :class:`Aborts` capability, else None."""
+    return backend if _has(backend, Aborts) else None  # type: ignore[return-value]
 
 
 def releases(backend: object) -> Releases | None:

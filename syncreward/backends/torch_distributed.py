@@ -76,6 +76,13 @@ A process's exit never waits on a peer. Two things could make it:
   is still running is never destroyed while it runs: it waits in ``_abandoned`` until the collective
   ends, and at exit it is leaked on purpose (its destructor never runs; the process's end closes its
   sockets, which is what the peers see).
+
+A rank that leaves the job says so: at interpreter exit, or when the default group is destroyed, it
+writes a *left record* in the job's store (:func:`watch_job`, ``_LEFT``): why, and how many exchanges it
+entered in each of its groups. A rank waiting in an exchange the leaver never entered, or for its first
+synced call, reads it between slices and raises naming it. A rank whose own step fails inside an
+exchange (out of memory building a buffer) tells the peers through :meth:`TorchDistributedBackend.abort`
+(an ``E`` abort record), so they raise at once instead of at ``timeout``.
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ import datetime
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -228,6 +236,116 @@ with contextlib.suppress(RuntimeError):  # imported while the interpreter is alr
     threading._register_atexit(_on_exit)  # type: ignore[attr-defined]
 
 
+# ============================================================================================ leaving the job
+# A rank that leaves the job (its process exits, or it destroys the default group) writes a *left record*
+# in the job's store: ``syncreward/left/<global rank>``, holding why, and for each of its syncreward groups
+# (by agreed name) how many exchanges it entered on each channel; ``syncreward/left`` counts the records.
+# A rank waiting in an exchange the leaver never entered (or at a set-up it never started) reads it between
+# slices and raises at once, naming it; a leaver that made every call it was waited for fails nobody.
+
+_LEFT = "syncreward/left"
+
+
+class _Job:
+    """A job this process has seen (its ``WORLD`` group): the store to leave a record in, and the backends."""
+
+    def __init__(self, store: Any, global_rank: int) -> None:
+        self.store = store  # held so that the record can still be written once the default group is destroyed
+        self.global_rank = global_rank
+        self.backends: weakref.WeakSet[TorchDistributedBackend] = weakref.WeakSet()
+        self.left = False
+
+
+_jobs: dict[int, tuple[Any, _Job]] = {}  # id(WORLD) -> (a weak reference to WORLD, the job)
+_jobs_lock = threading.Lock()
+
+
+def watch_job() -> _Job | None:
+    """Remember the current job (the default group), so that leaving it writes a left record; the job.
+
+    Called when a synced reward is made or a torch backend is created, and at exit: a rank that never made
+    a synced call is seen too, as long as syncreward saw its job before the default group was destroyed.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    world = dist.group.WORLD
+    with _jobs_lock:
+        entry = _jobs.get(id(world))
+        if entry is not None and entry[0]() is world:
+            return entry[1]
+        store = TorchDistributedBackend._default_store()
+        if store is None:
+            return None
+        job = _Job(store, dist.get_rank())
+        key = id(world)
+
+        def destroyed(_: Any) -> None:  # torch dropped the default group: this rank has left the job
+            _leave_job(job, f"rank {job.global_rank} destroyed its process group")
+            with _jobs_lock:
+                if key in _jobs and _jobs[key][1] is job:
+                    del _jobs[key]
+
+        _jobs[key] = (weakref.ref(world, destroyed), job)
+        return job
+
+
+def _leave_job(job: _Job, why: str) -> None:
+    """Write ``job``'s left record once (best effort, never waiting: the store's host may be gone), then let go."""
+    if job.left:
+        return
+    job.left = True
+    lines = [why]
+    for backend in list(job.backends):
+        if backend._name is not None:
+            lines.append(f"{backend._name} {backend._ops[0]} {backend._ops[1]}")
+    with contextlib.suppress(Exception):
+        job.store.set(f"{_LEFT}/{job.global_rank}", "\n".join(lines))
+        job.store.add(_LEFT, 1)
+    job.store = None
+
+
+def left_at_exit() -> None:
+    """Interpreter exit (threading's exit hook, ``_cache``): every job this process is still in gets its left record."""
+    watch_job()
+    error = getattr(sys, "last_value", None)  # the main thread's uncaught exception, if that is why it ends
+    with _jobs_lock:
+        jobs = [job for _, job in _jobs.values()]
+    for job in jobs:
+        why = f"rank {job.global_rank} exited"
+        if isinstance(error, BaseException):
+            why += f" (an uncaught {type(error).__name__}: {first_line(error)})"
+        _leave_job(job, why)
+
+
+
+class _Left(NamedTuple):
+    """A member's left record, as this backend reads it."""
+
+    why: str
+    ops: tuple[int, int] | None  # the exchanges it entered on each channel of this backend's groups (None: no groups)
+
+
+def _read_left(store: Any, global_rank: int, name: str | None) -> _Left | None:
+    if not store.check([f"{_LEFT}/{global_rank}"]):
+        return None
+    why, *groups = bytes(store.get(f"{_LEFT}/{global_rank}")).decode(errors="replace").split("\n")
+    for line in groups:
+        group, ops0, ops1 = line.rsplit(" ", 2)
+        if group == name:
+            return _Left(why, (int(ops0), int(ops1)))
+    return _Left(why, None)
+
+
+def _left_message(gone: Sequence[tuple[int, _Left]], first: bool) -> str:
+    which = "its first synced call" if first else "this synced call"
+    whys = "; ".join(left.why for _, left in gone)
+    return (
+        f"{whys} without making {which}, so it will never arrive. HINT: every rank must make the same synced "
+        "calls: a call made on some ranks only (a reward or an evaluation under `if rank == 0:`) leaves the others "
+        "waiting for ranks that have finished; make it on every rank. The group is now unusable."
+    )
+
+
 # ============================================================================================ failure table
 # How a failure of torch.distributed / gloo becomes a syncreward error: the one mapping, applied by
 # _translate. gloo reports almost every failure as a RuntimeError whose only distinguishing mark is its
@@ -298,6 +416,15 @@ def _translate(e: BaseException) -> CommunicationError:
     return row.error(row.template.format(message=first_line(e)))
 
 
+def _error_message(reason: str) -> str:
+    """What a peer raises when a rank's step failed on that rank (its ``abort`` record holds ``reason``)."""
+    return (
+        f"another rank failed in this exchange: {reason}. HINT: that rank's own error is in its traceback (out of "
+        "memory while building a buffer is a common cause: a smaller batch per call, or more memory); its exchange "
+        "was left half done, so the group is now unusable."
+    )
+
+
 @functools.lru_cache(maxsize=64)  # a call's few timeouts (its own, a wait's first slice): made once each
 def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
@@ -360,6 +487,9 @@ class TorchDistributedBackend:
         )
         self._groups: list[Any] | None = None
         self._store: Any = None
+        self._job_store: Any = None  # the job's default store: where members that left the job say so
+        self._left_seen = 0  # how many left records of the job this backend has read
+        self._left: dict[int, _Left] = {}  # group rank -> its left record
         self._released = False
         self._name: str | None = None  # the agreed store prefix of its groups, once set up
         self._ops = [0, 0]
@@ -372,6 +502,9 @@ class TorchDistributedBackend:
         self._waiting_lock = threading.RLock()  # (an RLock: its re-take after a wait is not interruptible)
         self._waiting_cv = threading.Condition(self._waiting_lock)  # notified only while abandon() waits on it
         self._abandoning = 0  # threads inside abandon(), waiting for _waiting to reach 0
+        job = watch_job()
+        if job is not None:
+            job.backends.add(self)
 
     @property
     def rank(self) -> int:
@@ -395,7 +528,7 @@ class TorchDistributedBackend:
         with self._init_lock:
             self._released = True
             groups, self._groups = self._groups, None
-            self._store = None
+            self._store = self._job_store = None
             works, self._works = self._works, [None, None]
         if groups:
             _dispose(groups, works)
@@ -419,6 +552,30 @@ class TorchDistributedBackend:
                     self._waiting_cv.wait(max(deadline - time.monotonic(), 0.0))
             finally:
                 self._abandoning -= 1
+
+    def abort(self, reason: str) -> None:
+        """This rank failed inside a step (its own error, not the transport's): the peers raise with ``reason``.
+
+        Recorded in the groups' abort key (``E``), which every peer waiting in an exchange reads between
+        slices, and a peer reaching its first synced call reads before it connects. Where this rank has not
+        set up its groups yet (it failed building its first send buffer), the record goes where they would
+        have been, under the name every member agrees on.
+        """
+        if os.getpid() != self._pid:
+            return
+        records = self._store
+        if records is None and self._groups is None and not self._released:
+            store = self._default_store()
+            if store is None:
+                return
+            with self._init_lock:
+                if self._name is None:
+                    self._name = _agreed_name(self.name, self._pg is None, self._ranks)
+                    self._released = True  # never set up now: the session that aborted is broken for good
+            records = dist.PrefixStore(f"{self._name}/", store)  # type: ignore[attr-defined]
+        if records is not None:
+            with contextlib.suppress(Exception):
+                records.set("abort", f"E{reason}")
 
     def _leave(self) -> NoReturn:
         """This rank abandoned its exchange (it is exiting): tell the peers, raise."""
@@ -454,6 +611,7 @@ class TorchDistributedBackend:
                 "syncreward found no rendezvous store of the torch.distributed job to set up its gloo groups over"
             )
         name = _agreed_name(self.name, self._pg is None, self._ranks)
+        self._job_store = store
         with contextlib.suppress(Exception):  # so that a rank that gives up can say who never came
             store.set(_setup_arrival(name, self._ranks[self._rank]), "1")
         records = dist.PrefixStore(f"{name}/", store)  # type: ignore[attr-defined]  # the groups' abort record
@@ -503,10 +661,11 @@ class TorchDistributedBackend:
         deadline = time.monotonic() + timeout
         pause = 0.002
         while True:
-            self._raise_if_given_up(records, timeout)
+            self._raise_if_given_up(records, timeout, store, name)
             missing = self._missing_at_setup(store, name)
             if not missing:
                 return
+            self._raise_if_left(None, 0, records)
             if time.monotonic() >= deadline:
                 raise self._setup_timed_out(store, records, timeout, name)
             if waits is None:
@@ -516,27 +675,47 @@ class TorchDistributedBackend:
             time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
             pause = min(pause * 2, _POLL_S)
 
-    def _raise_if_given_up(self, records: Any, timeout: float) -> None:
-        """Raise if the group's abort record says the others gave up (``T``) or failed (``F``) already."""
+    def _raise_if_given_up(self, records: Any, timeout: float, store: Any = None, name: str = "") -> None:
+        """Raise if the group's abort record says the others gave up (``T``) or failed (``F``, ``E``) already.
+
+        A rank that gave up names the ranks it waited for (``missing``): one of them arrived too late; any
+        other rank (given ``store`` and ``name``) was waiting with it and times out with it, naming them.
+        """
         try:
             record = bytes(records.get("abort")).decode(errors="replace") if records.check(["abort"]) else None
+            if record is not None and record.startswith("T") and records.check(["missing"]):
+                waited_for = [int(r) for r in bytes(records.get("missing")).decode().split(",") if r]
+            else:
+                waited_for = None
         except Exception:  # the store is unreachable: the connection attempt itself will say so
             return
         if record is None:
             return
         if record.startswith("T"):
+            if store is not None and waited_for is not None and self._rank not in waited_for:
+                raise self._setup_timed_out(store, records, timeout, name, waited_for)
             raise CommunicationError(late_message(record[1:], timeout))
+        if record.startswith("E"):
+            raise CommunicationError(_error_message(record[1:]))
         raise CommunicationError(
             f"the other ranks' group failed before this rank arrived ({record[1:]}). HINT: a peer process probably "
             "exited, crashed or was killed; see its log. The group is now unusable."
         )
 
-    def _setup_timed_out(self, store: Any, records: Any, timeout: float, name: str) -> SyncTimeoutError:
-        """The error of a rank that waited ``timeout`` for the others' first synced call; leaves the abort record."""
-        missing = self._missing_at_setup(store, name)
+    def _setup_timed_out(
+        self, store: Any, records: Any, timeout: float, name: str, missing: list[int] | None = None
+    ) -> SyncTimeoutError:
+        """The error of a rank that waited ``timeout`` for the others' first synced call; leaves the abort record.
+
+        ``missing``: the ranks another rank gave up on (this rank waited with it); else the ranks without a
+        set-up record now, written (before the abort record) for the ranks still waiting.
+        """
+        if missing is None:
+            missing = self._missing_at_setup(store, name)
         with contextlib.suppress(Exception):  # a rank arriving later then says at once that it came too late
             if not records.check(["abort"]):
                 who = f"rank(s) {missing}" if missing else "the other ranks"
+                records.set("missing", ",".join(map(str, missing)))
                 records.set(
                     "abort", f"Trank {self._rank} waited {timeout:g}s for {who} to make their first synced call"
                 )
@@ -586,7 +765,7 @@ class TorchDistributedBackend:
                 out, torch.from_numpy(send), [int(c) for c in recv_counts], [int(c) for c in send_counts], opts
             )
         except RuntimeError as e:
-            self._fail(e)
+            self._fail(e, channel, self._ops[channel] + 1)
         self._wait(work, channel, timeout)
         self._last_done = time.monotonic()
         return out.numpy()
@@ -607,7 +786,7 @@ class TorchDistributedBackend:
             inputs = [list(torch.from_numpy(send).view(self._world_size, size).unbind(0))] if self._rank == root else []
             work = group.scatter([out], inputs, opts)
         except RuntimeError as e:
-            self._fail(e)
+            self._fail(e, channel, self._ops[channel] + 1)
         self._wait(work, channel, timeout)
         self._last_done = time.monotonic()
         return out.numpy()
@@ -654,7 +833,7 @@ class TorchDistributedBackend:
                 return
             except RuntimeError as e:
                 if _WORK_TIMEOUT_MESSAGE not in str(e):
-                    self._fail(e)
+                    self._fail(e, channel, op)
             if self._leaving is not None:
                 self._leave()
             if waits is None:
@@ -665,6 +844,7 @@ class TorchDistributedBackend:
                 waits.warn(self._not_arrived(channel, op), "arrive in this exchange")
             try:
                 gave_up = self._check_peers()
+                self._raise_if_left(channel, op, self._store)
             except CommunicationError:
                 if _got_through(work):  # its data arrived: a peer that left after its part fails nothing
                     return
@@ -679,7 +859,17 @@ class TorchDistributedBackend:
             with contextlib.suppress(Exception):  # best effort: it only helps name the missing ranks
                 self._store.set(f"arrived/{channel}/{self._rank}", str(op))
 
-    def _fail(self, e: BaseException) -> NoReturn:
+    def _fail(self, e: BaseException, channel: int | None = None, op: int = 0) -> NoReturn:
+        """Raise the lower layer's failure ``e`` in syncreward's words; first, tell the peers.
+
+        A peer that left the job without entering this exchange (``op`` of ``channel``) closed its connection
+        as it went: its left record says so in the user's words, and that is what is raised.
+        """
+        if channel is not None:
+            try:
+                self._raise_if_left(channel, op, self._store)
+            except CommunicationError as left:
+                raise left from e
         error = _translate(e)
         if self._store is not None:
             # the store lives in rank 0's process; it may be the one that died
@@ -695,6 +885,8 @@ class TorchDistributedBackend:
             return False
         if reason.startswith("T"):
             return True
+        if reason.startswith("E"):
+            raise CommunicationError(_error_message(reason[1:]))
         raise CommunicationError(
             f"{reason[1:]}. HINT: a peer process probably exited, crashed or was killed; see its log. The group is "
             "now unusable."
@@ -710,6 +902,40 @@ class TorchDistributedBackend:
         except Exception:  # store unreachable: rank 0 is gone
             return "Fthe rendezvous store hosted by rank 0 is unreachable (rank 0 exited, crashed or was killed)"
         return None
+
+    def _raise_if_left(self, channel: int | None, op: int, records: Any) -> None:
+        """Raise if a member left the job without entering exchange ``op`` of ``channel``.
+
+        ``channel`` ``None``: the set-up of the groups (the first synced call), which such a member never
+        started. One store read while no member has left (the count of left records).
+        """
+        store = self._job_store
+        if store is None:
+            return
+        try:
+            count = int(store.add(_LEFT, 0))
+            if count != self._left_seen:
+                self._left_seen = count
+                for r, g in enumerate(self._ranks):
+                    if r != self._rank and r not in self._left:
+                        left = _read_left(store, g, self._name)
+                        if left is not None:
+                            self._left[r] = left
+        except Exception:  # the store's host left: the wait says so by itself
+            return
+        gone = [
+            (r, left)
+            for r, left in sorted(self._left.items())
+            if left.ops is None or (channel is not None and left.ops[channel] < op)
+        ]
+        if not gone:
+            return
+        message = _left_message(gone, first=channel is None)
+        if records is not None:
+            with contextlib.suppress(Exception):  # the ranks still waiting raise with this rank
+                if not records.check(["abort"]):
+                    records.set("abort", f"F{message.split(' HINT:')[0].rstrip('. ')}")
+        raise CommunicationError(message)
 
     def _abort_text(self) -> str:
         return (self._peer_abort() or "T?")[1:]
