@@ -489,7 +489,7 @@ def _short_traceback(e: BaseException) -> str:
             if len(kept) < len(t.stack):
                 t.stack = traceback.StackSummary.from_list(kept)
             todo.extend(x for x in (t.__cause__, t.__context__) if x is not None)
-        return "".join(te.format()) + "(syncreward's own frames are left out)\n"
+        return "".join(te.format()) + "(syncreward's own lines are left out)\n"
     except Exception:
         return "".join(traceback.format_exception(e))
 
@@ -523,7 +523,7 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
 
     Raises:
         RanksFailed: a rank raised or did not finish in time, or a rank broke the exchange protocol; holds
-            every failing rank's traceback, without syncreward's own frames (for a hung rank, its current
+            every failing rank's traceback, without syncreward's own lines (for a hung rank, its current
             stack).
     """
     group = ThreadGroup(world_size)
