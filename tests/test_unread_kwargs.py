@@ -527,6 +527,9 @@ def test_unread_kwargs_a_reward_whose_code_is_replaced_after_syncing_gets_what_i
             def __call__(self, completions: Any, **kwargs: Any) -> list[float]:
                 return [0.0] * len(completions)
 
+        synced: Any
+        target: Any
+        new: Any
         if kind == "callable-object":
             synced, target, new = synced_reward(timeout=20)(Edited()), Edited.__call__, _SumsDatasetNames.__call__
         elif kind == "group-member":
