@@ -10,8 +10,8 @@ Which per-sample columns travel:
 * parameters the function names (``def f(completions, solution, **kwargs)``) always travel; one holding
   objects the wire cannot carry is an error (unless ``allow_pickle=True``);
 * a column that only reaches ``**kwargs`` (TRL passes every dataset column) does not travel at all when
-  the function provably never reads its ``**kwargs`` (``_reads.readable_keywords``, decided once per
-  function from its code; in a reward group, when no member can read it): it is not encoded, not sent,
+  the function provably never reads its ``**kwargs`` (``_reads.readable_in``, decided from the code
+  that runs, again when a function's ``__code__`` is replaced; in a reward group, when no member can read it): it is not encoded, not sent,
   not checked across ranks, and the function's ``**kwargs`` does not hold it;
 * the other ``**kwargs`` columns travel when they hold plain data; ones holding other objects -- a VLM
   dataset's PIL ``image`` column, TRL's ``environments`` -- are left behind and the function receives a
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import types
 from collections.abc import Callable, Collection, Iterator, Sequence, Set, ValuesView
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ import numpy as np
 
 from ._codec import C_TENSOR, Column, container_of
 from ._errors import ColumnNotSyncedError, InputError
-from ._reads import readable_keywords
+from ._reads import readable_in, running_function
 from ._wire import NO_STEP
 
 __all__ = ["TRL_SHARED", "Binder", "Bound", "NotSynced"]
@@ -162,15 +163,23 @@ def _pick(name: str, original: Any, values: dict[str, Any], reasons: dict[str, s
     return original
 
 
-def _readable_by(readers: Sequence[Callable[..., Any]], forced: frozenset[str]) -> frozenset[str] | None:
-    """The keyword names any of ``readers`` can read, with the ``forced`` ones (``None``: any name)."""
+def _readable_by(
+    functions: Sequence[types.FunctionType | None], forced: frozenset[str]
+) -> tuple[frozenset[str] | None, tuple[tuple[types.FunctionType, types.CodeType], ...]]:
+    """The keyword names any of ``functions`` can read, with the ``forced`` ones (``None``: any name).
+
+    Also the ``(function, code)`` pairs it was decided from; a ``None`` function is code that cannot be seen.
+    """
+    codes = tuple((f, f.__code__) for f in functions if f is not None)
+    if len(codes) < len(functions):
+        return None, codes
     names: set[str] = set(forced)
-    for fn in readers:
-        got = readable_keywords(fn)
+    for _, code in codes:
+        got = readable_in(code)
         if got is None:
-            return None
+            return None, codes
         names |= got
-    return frozenset(names)
+    return frozenset(names), codes
 
 
 def _names(option: str, value: Collection[str] | str | None) -> frozenset[str] | None:
@@ -245,8 +254,34 @@ class Binder:
             raise ValueError(f"columns {sorted(clash)} are both shared and included; pick one")
         # shared values never checked across ranks: TRL's objects, and what the user excluded on purpose
         self.unchecked = TRL_SHARED | self.exclude
-        self.readable = _readable_by(readers or (fn,), (self.include or frozenset()) | frozenset(needed))
-        """The ``**kwargs`` names that may travel (``None``: any); the others are never read, so never sent."""
+        self._readers = tuple(readers or (fn,))
+        self._forced = (self.include or frozenset()) | frozenset(needed)
+        self._read_from: tuple[tuple[types.FunctionType, types.CodeType], ...] = ()
+        self._readable = self._analyse()
+
+    def _analyse(self) -> frozenset[str] | None:
+        readable, self._read_from = _readable_by([running_function(r) for r in self._readers], self._forced)
+        self._readable = readable
+        return readable
+
+    @property
+    def readable(self) -> frozenset[str] | None:
+        """The ``**kwargs`` names that may travel (``None``: any); the others are never read, so never sent.
+
+        Decided from the code that runs, and again when a function's ``__code__`` was replaced since
+        (IPython's autoreload edits a function in place): the columns follow the code that runs.
+        """
+        for function, code in self._read_from:
+            if function.__code__ is not code:
+                return self._analyse()
+        return self._readable
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled (a synced reward shipped by value): what was decided travels, not the functions it was
+        # decided from (a reward group's other members, which need not pickle); no re-analysis there
+        state = dict(self.__dict__)
+        state["_readers"] = state["_read_from"] = ()
+        return state
 
     def _bind_keywords(self, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """``inspect``'s binding of a keyword-only call, or ``None`` to let ``inspect`` do it (and raise)."""
@@ -272,16 +307,20 @@ class Binder:
         """The local batch size :meth:`bind` would find (the first per-sample argument's length), cheaply.
 
         For checking a result in a single process, where nothing is bound; ``None`` without a per-sample
-        argument.
+        argument. As :meth:`bind`: a column only a never-read ``**kwargs`` receives counts only when the call
+        has no other.
         """
         shared, positional = self.shared, self._positional
         for i, v in enumerate(args):
             if (i >= len(positional) or positional[i] not in shared) and container_of(v) is not None:
                 return len(v)
+        readable, kinds, unread = self.readable, self.kinds, None
         for k, v in kwargs.items():
             if k not in shared and (type(v) is list or container_of(v) is not None):  # TRL's columns: lists
-                return len(v)
-        return None
+                if readable is None or k in readable or kinds.get(k) in _BY_NAME:
+                    return len(v)
+                unread = len(v) if unread is None else unread
+        return unread
 
     def _slots(self, arguments: dict[str, Any]) -> Iterator[tuple[str, Any, bool]]:
         """Yield ``(name, value, named_by_function)`` for every argument of the call."""

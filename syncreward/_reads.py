@@ -1,4 +1,4 @@
-"""Which keyword arguments a function can read: decided once per reward, from its code.
+"""Which keyword arguments a function can read: decided from the code that runs, once per code object.
 
 TRL hands every reward ``prompts``, ``completions``, ``completion_ids`` and every dataset column; most
 rewards name two of them and never touch their ``**kwargs``. A column that only reaches a ``**kwargs``
@@ -13,14 +13,18 @@ might be read. It is conservative; each of these means "may read it" (``None``):
 * it is captured by a closure, a nested function, a lambda or a comprehension (a cell variable);
 * the code, or code nested in it, names something that can reach the frame's locals: ``locals``,
   ``vars``, ``dir``, ``eval``, ``exec``, ``breakpoint``, ``sys._getframe``, ``inspect.currentframe`` and
-  ``inspect.stack``/``trace``, a frame's or traceback's ``f_locals``/``f_back``/``tb_frame``, ...;
+  ``inspect.stack``/``trace``/``getargvalues``, a frame's or traceback's ``f_locals``/``f_back``/``tb_frame``, ...;
 * code that cannot be seen: a builtin or C function, a class, a callable object whose ``__call__`` is
   not a Python function, a ``functools.partial`` of any of those.
 
 What runs is what is inspected: a function made by ``functools.wraps`` is the wrapper's code (its
 ``__wrapped__`` is what the wrapper calls, and only through what the wrapper passes on); a bound
-method, ``staticmethod``, ``classmethod`` or ``functools.partial`` is the function it calls; a callable
-object is its class's ``__call__``. Generators and ``async def`` functions are inspected like any other.
+method, ``staticmethod``, ``classmethod`` or ``functools.partial`` is the function it calls (a subclass
+of one of those is a callable object: its ``__call__`` runs first); a callable object is its class's
+``__call__``. Generators and ``async def`` functions are inspected like any other. The code that runs
+can change: IPython's autoreload assigns an edited function's ``__code__`` to the old function object.
+:func:`running_function` names the function object whose ``__code__`` runs, so a caller that keeps
+an answer can see when it went stale (``_binding.Binder`` does, at every call).
 A call that reaches the frame from code elsewhere (a helper of another module calling
 ``sys._getframe(1)``) is out of sight; ``include=`` forces a column in.
 """
@@ -34,7 +38,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["readable_keywords"]
+__all__ = ["readable_in", "readable_keywords", "running_function"]
 
 #: Names that reach a frame's locals without naming them: a code object (or code nested in it) that names
 #: one of these (as a global, a builtin, an attribute or a method) may read its ``**kwargs``.
@@ -54,6 +58,7 @@ FRAME_READERS = frozenset(
         "trace",
         "getouterframes",
         "getinnerframes",
+        "getargvalues",
         "f_locals",
         "f_back",
         "tb_frame",
@@ -76,15 +81,13 @@ def readable_keywords(fn: Any) -> frozenset[str] | None:
 
     A keyword not in the set reaches only a ``**kwargs`` that the function provably never reads.
     """
-    code = _running_code(fn, depth=0)
-    if code is None:
-        return None
-    return _readable(code)
+    function = running_function(fn)
+    return None if function is None else readable_in(function.__code__)
 
 
 @functools.lru_cache(maxsize=1024)
-def _readable(code: types.CodeType) -> frozenset[str] | None:
-    """What the code can read (cached per code object: one decision per function, however often wrapped)."""
+def readable_in(code: types.CodeType) -> frozenset[str] | None:
+    """What ``code`` can read (cached per code object: one decision per function, however often wrapped)."""
     named = code.co_argcount + code.co_kwonlyargcount
     names = frozenset(code.co_varnames[:named])
     if not code.co_flags & inspect.CO_VARKEYWORDS:
@@ -95,22 +98,25 @@ def _readable(code: types.CodeType) -> frozenset[str] | None:
     return names
 
 
-def _running_code(fn: Any, depth: int) -> types.CodeType | None:
-    """The code object that runs when ``fn`` is called (``None``: code that cannot be seen)."""
+def running_function(fn: Any, depth: int = 0) -> types.FunctionType | None:
+    """The Python function whose ``__code__`` runs when ``fn`` is called (``None``: code that cannot be seen).
+
+    Only the exact types are unwrapped: a subclass of ``functools.partial`` or ``staticmethod`` may define
+    its own ``__call__``, so it is inspected as the callable object it is.
+    """
     if depth > 16:  # a pathological chain of partials and bound methods
         return None
-    if isinstance(fn, (staticmethod, classmethod, types.MethodType)):
-        return _running_code(fn.__func__, depth + 1)
-    if isinstance(fn, functools.partial):
-        return _running_code(fn.func, depth + 1)
+    kind = type(fn)
+    if kind is staticmethod or kind is classmethod or kind is types.MethodType:
+        return running_function(fn.__func__, depth + 1)
+    if kind is functools.partial:
+        return running_function(fn.func, depth + 1)
     if isinstance(fn, types.FunctionType):
-        return fn.__code__
+        return fn
     if isinstance(fn, type) or not callable(fn):
         return None  # a class (its __new__/__init__/metaclass) or something uncallable: not analysed
-    call = inspect.getattr_static(type(fn), "__call__", None)
-    if isinstance(call, types.FunctionType):
-        return call.__code__
-    return None
+    call = inspect.getattr_static(kind, "__call__", None)
+    return call if isinstance(call, types.FunctionType) else None
 
 
 def _codes(code: types.CodeType) -> Iterator[types.CodeType]:

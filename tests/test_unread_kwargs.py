@@ -160,6 +160,30 @@ class _Reads:
         return kwargs
 
 
+class _LoggingPartial(functools.partial):  # type: ignore[type-arg]
+    """A partial whose own ``__call__`` runs (and reads the keywords) before the function it wraps."""
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        print(sorted(kwargs))
+        return super().__call__(*args)
+
+
+class _LoggingStaticmethod(staticmethod):  # type: ignore[type-arg]
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        print(sorted(kwargs))
+        return self.__func__(*args)
+
+
+def _getargvalues(completions: Any, **kwargs: Any) -> Any:
+    import traceback
+
+    try:
+        raise LookupError
+    except LookupError as e:
+        frame = next(traceback.walk_tb(e.__traceback__))[0]  # this frame, named by no frame reader
+    return inspect.getargvalues(frame)[3]  # its locals: kwargs
+
+
 class _CCall:
     __call__ = print  # a builtin: code that cannot be seen
 
@@ -198,6 +222,9 @@ READS = {
     "c-callable": operator.itemgetter(0),
     "synced-twice": synced_reward(accuracy_reward),  # the synced wrapper passes **kwargs on
     "partial-of-reader": functools.partial(_gets, solution=["x"]),
+    "partial-subclass-with-its-own-call": _LoggingPartial(format_reward),
+    "staticmethod-subclass-with-its-own-call": _LoggingStaticmethod(format_reward),
+    "getargvalues-of-a-walked-frame": _getargvalues,
 }
 
 
@@ -358,6 +385,15 @@ def test_unread_kwargs_tensor_column_still_says_where_tensor_results_go() -> Non
     assert bound.unread_tensor is ids  # _call.device: the device of the caller's tensor inputs
 
 
+def test_unread_kwargs_one_process_counts_the_samples_as_several_ranks_do() -> None:
+    """In one process the result is checked against the columns the function reads, as on several ranks:
+    an unread ``weights`` of another length is not the batch (it once made a 2-sample call "5 samples")."""
+    synced = synced_reward(timeout=20)(format_reward)
+    call = {"weights": [0.5] * 5, "completions": ["answer", "no"]}
+    assert synced(**call) == [1.0, 0.0]
+    assert run_threads(lambda rank, world_size: synced(**call), 2, timeout=120) == [[1.0, 0.0], [1.0, 0.0]]
+
+
 def test_unread_kwargs_still_give_the_batch_size_when_the_function_reads_no_column() -> None:
     def constant(**kwargs: Any) -> list[float]:
         return []
@@ -461,3 +497,49 @@ def test_unread_kwargs_ranks_that_differ_only_in_an_unread_column_pair() -> None
     for rank, got in enumerate(run_threads(body, 2, timeout=120)):
         want = (oracle(accuracy_reward, rank, 2), oracle(format_reward, rank, 2), oracle(accuracy_reward, rank, 2))
         assert got == [want, want]
+
+
+def _sums_dataset_names(completions: Any, **kwargs: Any) -> list[float]:  # the edit: reads a column through **kwargs
+    total = sum(len(d) for d in kwargs["dataset_name"])  # over the whole batch: only right if it was gathered
+    return [float(len(c) + total) for c in completions]
+
+
+class _SumsDatasetNames:
+    def __call__(self, completions: Any, **kwargs: Any) -> list[float]:
+        return _sums_dataset_names(completions, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["function", "callable-object", "group-member"])
+def test_unread_kwargs_a_reward_whose_code_is_replaced_after_syncing_gets_what_its_new_code_reads(kind: str) -> None:
+    """IPython's autoreload edits a function in place (``__code__``): the columns follow the code that runs.
+
+    Once the analysis made when the function was synced stayed: ``KeyError: 'dataset_name'`` on several ranks.
+    """
+
+    def names(rank: int) -> list[str]:
+        return [f"set{rank}-{i}" * (i + 1) for i in range(4)]
+
+    def body(rank: int, world_size: int) -> list[float]:
+        def edited(completions: Any, **kwargs: Any) -> list[float]:  # reads no column through **kwargs (yet)
+            return [0.0] * len(completions)
+
+        class Edited:
+            def __call__(self, completions: Any, **kwargs: Any) -> list[float]:
+                return [0.0] * len(completions)
+
+        synced: Any
+        target: Any
+        new: Any
+        if kind == "callable-object":
+            synced, target, new = synced_reward(timeout=20)(Edited()), Edited.__call__, _SumsDatasetNames.__call__
+        elif kind == "group-member":
+            synced, target, new = synced_rewards(format_reward, edited, timeout=20)[1], edited, _sums_dataset_names
+        else:
+            synced, target, new = synced_reward(timeout=20)(edited), edited, _sums_dataset_names
+        assert synced(**rank_call(rank, dataset_name=names(rank))) == [0.0] * 4
+        target.__code__ = new.__code__  # what autoreload does to the function object the synced reward holds
+        return synced(**rank_call(rank, dataset_name=names(rank)))  # type: ignore[no-any-return]
+
+    total = sum(len(d) for r in range(2) for d in names(r))
+    want = [[float(len(c) + total) for c in rank_call(rank)["completions"]] for rank in range(2)]
+    assert run_threads(body, 2, timeout=120) == want
