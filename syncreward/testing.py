@@ -378,7 +378,7 @@ class ThreadGroup:
             ch.slots[rank] = item
             ch.ops[rank] += 1
             op = ch.ops[rank]
-            left = self._left_message(ch, op)
+            left = None if self._aborted is not None else self._left_message(ch, op)
             if left is not None:
                 ch.broken = ch.broken or ("L", left)
                 ch.barrier.abort()
@@ -389,15 +389,15 @@ class ThreadGroup:
             got = list(ch.slots)
             ch.barrier.wait(timeout)  # nobody overwrites a slot before everyone has read it
         except threading.BrokenBarrierError:
-            left = self._left_message(ch, op)
-            if left is not None:
-                raise CommunicationError(left) from None
-            if self._aborted is not None:
+            if self._aborted is not None:  # a rank's own failure: the cause, even if that rank has left since
                 ch.broken = ch.broken or ("F", f"the group was aborted: {self._aborted}")
                 raise CommunicationError(
                     f"the group was aborted: {self._aborted}. HINT: see that rank's traceback; the group is now "
                     "unusable."
                 ) from None
+            left = self._left_message(ch, op)
+            if left is not None:
+                raise CommunicationError(left) from None
             missing = [r for r in range(self.world_size) if ch.ops[r] < op]
             ch.broken = ch.broken or ("T", f"rank {rank} waited {timeout:g}s for rank(s) {missing}")
             raise SyncTimeoutError(timeout_message(missing, timeout), missing) from None
@@ -522,7 +522,7 @@ def run_threads(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
     call``), instead of waiting for ``timeout``.
 
     Raises:
-        RanksFailed: a rank raised or did not finish in time, or a rank broke the exchange protocol; holds
+        RanksFailed: a rank raised or did not finish in time, or the ranks' synced calls did not match; holds
             every failing rank's traceback, without syncreward's own lines (for a hung rank, its current
             stack).
     """

@@ -866,6 +866,9 @@ class TorchDistributedBackend:
         as it went: its left record says so in the user's words, and that is what is raised.
         """
         if channel is not None:
+            reason = self._peer_abort()
+            if reason is not None and reason.startswith("E"):  # a peer's own failure, told before it left: the cause
+                raise CommunicationError(_error_message(reason[1:])) from e
             try:
                 self._raise_if_left(channel, op, self._store)
             except CommunicationError as left:
