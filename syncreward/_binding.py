@@ -11,8 +11,9 @@ Which per-sample columns travel:
   objects the wire cannot carry is an error (unless ``allow_pickle=True``);
 * a column that only reaches ``**kwargs`` (TRL passes every dataset column) does not travel at all when
   the function provably never reads its ``**kwargs`` (``_reads.readable_in``, decided from the code
-  that runs, again when a function's ``__code__`` is replaced; in a reward group, when no member can read it): it is not encoded, not sent,
-  not checked across ranks, and the function's ``**kwargs`` does not hold it;
+  that runs, again when a function's ``__code__`` is replaced; in a reward group, when no member can read
+  it): it is not encoded, not sent, not checked across ranks, and in the function's ``**kwargs`` it is a
+  :class:`NotSynced` placeholder;
 * the other ``**kwargs`` columns travel when they hold plain data; ones holding other objects -- a VLM
   dataset's PIL ``image`` column, TRL's ``environments`` -- are left behind and the function receives a
   :class:`NotSynced` placeholder that raises a clear error when used, so it can never silently see a
@@ -58,6 +59,11 @@ _NAME = operator.attrgetter("name")  # a column's sort key (sorted in C, no Pyth
 
 #: Arguments TRL's GRPOTrainer passes that are shared by the whole batch.
 TRL_SHARED = frozenset({"trainer_state", "log_extra", "log_metric"})
+
+
+# why a column that only reaches a **kwargs the function never reads is a NotSynced placeholder there: code the
+# analysis cannot see (a helper reading the caller's frame) gets a clear error instead of a KeyError or a default
+_UNREAD = "the function never reads its **kwargs, so a column that only reaches them stays on its rank"
 
 
 class NotSynced:
@@ -402,7 +408,10 @@ class Binder:
             raise InputError(f"include names {sorted(missing)}, but the call has no such argument")
         if unread:
             vk = self._var_keyword
-            arguments[vk] = {k: v for k, v in arguments[vk].items() if k not in unread}  # type: ignore[index]
+            arguments[vk] = {  # type: ignore[index]
+                k: NotSynced(k, _UNREAD) if k in unread else v
+                for k, v in arguments[vk].items()  # type: ignore[index]
+            }
             if not lengths:  # no column the function can read: the unread ones still say the batch size
                 lengths = {k: v for k, v in unread.items() if v >= 0}
         if not lengths:

@@ -338,13 +338,20 @@ def bind(fn: Any, call: dict[str, Any], **options: Any) -> Any:
     return b.bind((), call)
 
 
-def test_unread_kwargs_columns_are_not_columns_and_the_function_never_gets_them() -> None:
+def test_unread_kwargs_columns_are_not_columns_and_the_function_gets_placeholders() -> None:
     bound = bind(accuracy_reward, trl_call())
     assert [c.name for c in bound.columns] == ["completions", "solution"]
     assert bound.n == 3
     assert bound.step == 3
     _, kwargs = bound.call_args({"completions": ["A"] * 6, "solution": ["S"] * 6})
-    assert set(kwargs) == {"completions", "solution", "trainer_state", "log_extra", "log_metric"}
+    read = {"completions", "solution", "trainer_state", "log_extra", "log_metric"}
+    assert read < set(kwargs)
+    unread = set(kwargs) - read
+    assert unread == {"prompts", "completion_ids", "dataset_name"} & set(trl_call())
+    for name in unread:  # code the analysis cannot see (a frame reader) gets a clear error, not this rank's slice
+        assert isinstance(kwargs[name], syncreward.NotSynced)
+        with pytest.raises(syncreward.ColumnNotSyncedError, match=rf"{name}.*never reads its \*\*kwargs.*include="):
+            len(kwargs[name])
 
 
 def test_unread_kwargs_columns_travel_where_the_function_may_read_them() -> None:

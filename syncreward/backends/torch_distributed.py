@@ -317,7 +317,6 @@ def left_at_exit() -> None:
         _leave_job(job, why)
 
 
-
 class _Left(NamedTuple):
     """A member's left record, as this backend reads it."""
 
