@@ -479,7 +479,7 @@ def test_sequence_columns_are_per_sample_and_travel_as_lists(seq: Any) -> None:
     assert take(seq, C_LIST, slice(1, None)) == list(seq)[1:]
     assert take(seq, C_LIST, [2, 0]) == [seq[2], seq[0]]
     assert same(concat("c", [seq, col.values], C_LIST, CPU), list(seq) * 2)
-    bound = Binder(lambda completions, **kw: completions, include=None, exclude=(), shared=()).bind(
+    bound = Binder(lambda completions, **kw: (completions, kw), include=None, exclude=(), shared=()).bind(
         (), {"completions": ["x", "y", "z"], "extra": seq}
     )
     assert [(c.name, c.container) for c in bound.columns] == [("completions", C_LIST), ("extra", C_LIST)]
