@@ -343,6 +343,8 @@ class ThreadGroup:
         with self._lock:
             self._left[rank] = (why, (self._channels[0].ops[rank], self._channels[1].ops[rank]))
             for ch in self._channels:
+                if self._aborted is not None:  # a rank's own failure broke the group first: that is the cause
+                    break
                 if any(n > ch.ops[rank] for n in ch.ops):  # someone entered an exchange this rank never will
                     ch.broken = ch.broken or ("L", self._left_message(ch, max(ch.ops)) or why)
                     ch.barrier.abort()

@@ -43,6 +43,9 @@ MODES: dict[str, tuple[Callable[..., Any], ...]] = {
 PLAIN = {"main": (score,), "replicate": (score,), "shard": (score,), "reward_group": (score, score_again)}
 
 
+DTYPE = torch.get_default_dtype()
+
+
 @contextlib.contextmanager
 def global_state(state: str) -> Iterator[None]:
     if state == "set_default_device":
@@ -55,12 +58,11 @@ def global_state(state: str) -> Iterator[None]:
         with torch.device("meta"):
             yield
     else:
-        old = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)
         try:
             yield
-        finally:
-            torch.set_default_dtype(old)
+        finally:  # the process's dtype as this module found it: thread-ranks share it, so none restores another's
+            torch.set_default_dtype(DTYPE)
 
 
 def inputs(rank: int) -> tuple[list[str], torch.Tensor]:
