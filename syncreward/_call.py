@@ -143,16 +143,19 @@ def open_call(
     problem: str | None,
 ) -> tuple[Call, Value[Payload] | Error]:
     """Bind the arguments, fingerprint the call, let the mode prepare its payload (or fail: an ``Error``)."""
+    # A failure only this rank knows of -- it failed to read an earlier call's results (``lost``), or this
+    # call cannot be ordered safely (``problem``) -- is this call's failure, which tells every rank. The call
+    # is still bound, so that it takes the path the other ranks' calls take (a reward group's hit has no
+    # inbound exchange: the failure then travels in its result exchange).
     lost = session.take_lost()
-    if lost is not None:  # this rank failed to read an earlier call's results: this call tells every rank
-        return unbound_call(spec, session, seq, site), Error(lost)
+    mine = lost if lost is not None else MismatchError(problem) if problem is not None else None
     try:
-        if problem is not None:
-            raise MismatchError(problem)
         bound = spec.binder.bind(args, kwargs)
     except Exception as e:
-        return unbound_call(spec, session, seq, site), Error(e)
+        return unbound_call(spec, session, seq, site), Error(mine if mine is not None else e)
     call = _build(spec, session, seq, site, bound)
+    if mine is not None:
+        return call, Error(mine)
     try:  # before the turn: an interrupt is raised at once (the lifecycle finishes the call)
         return call, Value(spec.impl.prepare(call))
     except Exception as e:

@@ -45,6 +45,7 @@ from ._wire import (
     OUTBOUND,
     VERSION,
     CallCheck,
+    FailedCheck,
     Headers,
     ResultBlocks,
     ResultChunk,
@@ -456,7 +457,9 @@ def exchange_results(
     elsewhere. ``fp`` and ``seq`` name the call (every receiver checks them), ``counts`` are every
     rank's sample counts (they size the next blocks). With ``record`` (this rank's :class:`CallCheck`,
     where no inbound exchange checked the call: a reward group's hit) every rank also sends every rank
-    its record, and every rank raises together if the records name different calls.
+    its record, and every rank raises together if the records name different calls; a rank other than
+    ``root`` may then pass its own failure as ``bodies`` (its call failed before its turn), and every rank
+    raises it (:meth:`Link.report_failures`).
 
     Every body rides in a block of the size the previous call's blocks announced, one size for every
     rank (:class:`~syncreward._wire.ResultBlocks`), in one scatter (with ``record``: one ``all_to_all``);
@@ -467,7 +470,8 @@ def exchange_results(
     blocks = result_blocks(link.session)
     if link.rank == root:
         return _send_results(link, blocks, fp, seq, counts, bodies, record, root)
-    return _receive_results(link, blocks, fp, seq, record, root)
+    mine = bodies if isinstance(bodies, BaseException) and record is not None else None
+    return _receive_results(link, blocks, fp, seq, record, root, mine)
 
 
 def _send_results(
@@ -483,6 +487,7 @@ def _send_results(
     w, cap = link.world_size, blocks.capacity  # what the previous blocks announced (one size for every rank)
     error = outgoing if isinstance(outgoing, BaseException) else None
     bodies: Mapping[int, bytes | bytearray] = {}
+    blob = b""
     if isinstance(outgoing, BaseException):
         blob = error_blob(outgoing)
         bodies = {r: blob for r in range(w) if r != root}
@@ -496,29 +501,36 @@ def _send_results(
     for r in range(w):  # the root's own block is all zeros: a scatter sends every rank one block
         body = bodies.get(r, b"")
         send += ResultChunk(status, overflow, nxt, len(body), fp, seq).pack(body, cap)
-    checks = _blocks_exchange(link, send, cap, record, root)[1]
+    checks = _blocks_exchange(link, send, cap, record, root, blob)[1]
     if overflow:
         tails = [bodies[r][room:] if r in bodies else b"" for r in range(w)]
         link.all_to_all(b"".join(tails), [len(t) for t in tails], [0] * w)
     blocks.advance(nxt)
-    if checks is not None and (wrong := link.disagreement(checks)):
+    if checks is not None and (wrong := _checked(link, checks, error, blob, root)):
         return wrong
     return Error(error) if error is not None else Value(b"")
 
 
 def _receive_results(
-    link: Link, blocks: ResultBlocks, fp: int, seq: int, record: CallCheck | None, root: int
+    link: Link,
+    blocks: ResultBlocks,
+    fp: int,
+    seq: int,
+    record: CallCheck | None,
+    root: int,
+    failure: BaseException | None = None,
 ) -> Value[bytes] | Error:
     w, cap = link.world_size, blocks.capacity
     room = cap - ResultChunk.HEADER
-    buf, checks = _blocks_exchange(link, None, cap, record, root)
+    mine = error_blob(failure) if failure is not None else b""
+    buf, checks = _blocks_exchange(link, None, cap, record, root, mine)
     chunk = ResultChunk.unpack(buf.data)
     body = buf[ResultChunk.HEADER : ResultChunk.HEADER + min(chunk.body_bytes, room)].tobytes()
     if chunk.overflow:
         rest = max(0, chunk.body_bytes - room)
         body += link.all_to_all(b"", [0] * w, [rest if s == root else 0 for s in range(w)]).tobytes()
     blocks.advance(chunk.next_capacity)
-    if checks is not None and (wrong := link.disagreement(checks)):
+    if checks is not None and (wrong := _checked(link, checks, failure, mine, root)):
         return wrong
     if (chunk.fp, chunk.seq) != (fp, seq):
         return Error(
@@ -538,19 +550,20 @@ def _receive_results(
 
 
 def _blocks_exchange(
-    link: Link, blocks: bytearray | None, cap: int, record: CallCheck | None, root: int
-) -> tuple[np.ndarray, list[CallCheck] | None]:
+    link: Link, blocks: bytearray | None, cap: int, record: CallCheck | None, root: int, failure: bytes = b""
+) -> tuple[np.ndarray, list[FailedCheck] | None]:
     """Send every rank its ``cap``-byte block of ``blocks`` from ``root``; return this rank's block.
 
     Without ``record`` (an inbound exchange showed every rank makes the same call) the blocks go out in
     one scatter. With it, in an ``all_to_all`` in which every rank also sends every other rank its
-    record, so every rank can tell whether they all scored the same call (the returned checks, in rank
-    order).
+    record and the size of its error report ``failure`` (empty: it did not fail), so every rank can tell
+    whether they all scored the same call, and whether a rank failed (the returned checks, in rank order).
     """
     if record is None:
         return link.scatter(blocks or b"", cap, root), None
     me, w = link.rank, link.world_size
-    head = record.pack()
+    mine = FailedCheck(record, len(failure))
+    head = mine.pack()
     extra = cap if me == root else 0
     send = bytearray()
     for d in range(w):
@@ -558,9 +571,26 @@ def _blocks_exchange(
             send += head
             if blocks is not None:
                 send += blocks[d * cap : (d + 1) * cap]
-    send_counts = [0 if d == me else CallCheck.SIZE + extra for d in range(w)]
-    recv_counts = [0 if s == me else CallCheck.SIZE + (cap if s == root else 0) for s in range(w)]
+    send_counts = [0 if d == me else FailedCheck.SIZE + extra for d in range(w)]
+    recv_counts = [0 if s == me else FailedCheck.SIZE + (cap if s == root else 0) for s in range(w)]
     parts = split(link.all_to_all(send, send_counts, recv_counts), recv_counts)
-    checks = [record if s == me else CallCheck.unpack(parts[s][: CallCheck.SIZE].tobytes()) for s in range(w)]
-    block = parts[root][CallCheck.SIZE :] if me != root else np.zeros(cap, dtype=np.uint8)
+    checks = [mine if s == me else FailedCheck.unpack(parts[s][: FailedCheck.SIZE].tobytes()) for s in range(w)]
+    block = parts[root][FailedCheck.SIZE :] if me != root else np.zeros(cap, dtype=np.uint8)
     return block, checks
+
+
+def _checked(
+    link: Link, checks: Sequence[FailedCheck], mine: BaseException | None, blob: bytes, root: int
+) -> Error | None:
+    """What a hit's result exchange makes every rank raise: different calls, or a failure of a rank but ``root``.
+
+    ``root``'s own failure reached every rank in its blocks; a failure of another rank (its call failed
+    before its turn) reaches every rank here, with ``root``'s among them if it failed too.
+    """
+    wrong = link.disagreement([c.record for c in checks])
+    if wrong is not None:
+        return wrong
+    if not any(c.failed for s, c in enumerate(checks) if s != root):
+        return None
+    statuses = [FAILED if c.failed else OK for c in checks]
+    return link.report_failures(statuses, [c.failed for c in checks], mine, blob)

@@ -53,6 +53,7 @@ __all__ = [
     "OK",
     "OUTBOUND",
     "CallCheck",
+    "FailedCheck",
     "CallOrder",
     "VERSION",
     "Headers",
@@ -664,6 +665,25 @@ class CallCheck:
 
     def same_shared(self, other: CallCheck) -> bool:
         return self.shared == other.shared
+
+
+@dataclass(frozen=True)
+class FailedCheck:
+    """A :class:`CallCheck` and the size of the rank's error report (0: it did not fail), in a hit's result exchange."""
+
+    record: CallCheck
+    failed: int
+
+    SIZE = CallCheck.SIZE + 8
+    _FAILED = struct.Struct("<q")
+
+    def pack(self) -> bytes:
+        return self.record.pack() + self._FAILED.pack(self.failed)
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview) -> FailedCheck:
+        (failed,) = cls._FAILED.unpack_from(buf, CallCheck.SIZE)
+        return cls(CallCheck.unpack(buf), max(0, failed))
 
 
 MAX_DESC = 1 << 20  # a call description is a line of text: a larger size in a check record is not believed

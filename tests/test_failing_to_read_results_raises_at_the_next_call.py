@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from _helpers import outcome
 
-from syncreward import synced_reward
+from syncreward import synced_reward, synced_rewards
 from syncreward._modes import _base, shard
 from syncreward.testing import run_ranks, run_threads
 
@@ -124,3 +124,71 @@ def _ranks_body(rank: int, world_size: int) -> dict[str, Any]:
 def test_failing_to_read_results_raises_at_the_next_call_on_every_rank() -> None:
     _check(run_ranks(_ranks_body, 3, timeout=120))
 
+
+def scaled(completions: Any, **kwargs: Any) -> list[float]:
+    return [2.0 * len(c) for c in completions]
+
+
+def shifted(completions: Any, **kwargs: Any) -> list[float]:
+    return [len(c) + 0.5 for c in completions]
+
+
+@pytest.mark.parametrize(
+    ("group_mode", "fails_in"), [("main", "the group"), ("main", "another reward"), ("replicate", "another reward")]
+)
+def test_failing_to_read_results_raises_at_the_next_call_on_every_rank_when_it_is_a_reward_group_hit(
+    monkeypatch: pytest.MonkeyPatch, group_mode: str, fails_in: str
+) -> None:
+    """The next call is a reward group's hit on every rank (no inbound exchange): rank 1 must hit too, and
+    its failure travel in the hit's result exchange. Before, rank 1 gathered (its call was a miss) while the
+    others waited for results: every rank waited until timeout= and the group broke."""
+    original = _base.rebuild_result
+    failing: set[int] = set()
+
+    def maybe_fail(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == f"syncreward-rank{FAILING}" and FAILING in failing:
+            _out_of_memory()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_base, "rebuild_result", maybe_fail)
+    first, second, third = synced_rewards(scaled, shifted, plain, mode=group_mode, timeout=30)
+    other = synced_reward(timeout=30)(plain)
+    failing_reward, failing_name = (first, "scaled") if fails_in == "the group" else (other, "plain")
+
+    def body(rank: int, world_size: int) -> dict[str, Any]:
+        out = {"warmup": outcome(first, [f"r{rank}w{i}" for i in range(rank + 2)])}
+        comps = [f"r{rank}s{i}" for i in range(rank + 2)]
+        if fails_in == "another reward":
+            out["first"] = outcome(first, comps)  # the group keeps these columns (a miss); then another reward
+        if rank == FAILING:
+            failing.add(rank)
+        out["failing"] = outcome(failing_reward, comps)
+        failing.discard(rank)
+        out["next"] = outcome(second, comps)  # a hit on every rank
+        out["after"] = outcome(third, comps)  # a hit again: the call after works
+        fresh = [f"r{rank}t{i}" for i in range(rank + 2)]
+        out["step"] = [outcome(f, fresh) for f in (first, second, third)]  # a new step: a miss, then hits
+        return out
+
+    results = run_threads(body, 3, timeout=120)
+    for rank, res in enumerate(results):
+        n, total = rank + 2, sum(r + 2 for r in range(len(results)))
+        kind, info, seconds = res["next"]
+        if rank == FAILING:
+            assert res["failing"][0] == "MemoryError", res["failing"]
+            assert kind == "SyncRewardError", res["next"]
+            message = info
+        else:
+            assert res["failing"][0] == "ok", (rank, res["failing"])
+            assert kind == "RemoteError", (rank, res["next"])
+            origin, exc_type, message = info
+            assert (origin, exc_type) == (FAILING, "syncreward.SyncRewardError"), (rank, info)
+        assert f"rank {FAILING} failed to read the results of synced call #" in message, (rank, message)
+        assert f"of {failing_name!r}: MemoryError" in message, (rank, message)
+        assert seconds < 5.0, (rank, res["next"])  # not timeout=30
+        assert res["after"][:2] == ("ok", [float(len(f"r{rank}s0") + total)] * n), (rank, res["after"])
+        assert [r[:2] for r in res["step"]] == [
+            ("ok", [2.0 * len(f"r{rank}t0")] * n),
+            ("ok", [len(f"r{rank}t0") + 0.5] * n),
+            ("ok", [float(len(f"r{rank}t0") + total)] * n),
+        ], (rank, res["step"])

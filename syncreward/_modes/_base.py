@@ -139,6 +139,15 @@ class GatherMode(Mode[GatherScoring]):
         got = inputs(call, inbound, values.value, lambda: self.proxies(call, logs, inbound))
         return GatherScoring(got, logs, inbound, reused)
 
+    def failed_scoring(self, call: Call, inbound: Inbound, failure: Error) -> GatherScoring:
+        """A reward group's hit whose call failed on this rank before its turn (``failure``): nothing is scored here.
+
+        Every rank's call is a hit (no inbound exchange), so ``failure`` travels in the result exchange: as
+        this rank's inputs, which :meth:`outbound` sends as its failure whether or not this rank scores.
+        """
+        logs = Logs(call.bound, call.spec.name) if self.scores_here(call) else None
+        return GatherScoring(failure, logs, inbound, reused=True)
+
     def send_results(
         self,
         call: Call,
@@ -151,9 +160,12 @@ class GatherMode(Mode[GatherScoring]):
         ``bodies`` (on ``root`` only: ``None`` elsewhere) are the frames of ``_batch.split_result``, or the
         failure every rank must then raise: ``root`` enters this even when its scoring failed. Where an
         earlier call's gather served this one (a reward group's hit: no inbound header checked it), every
-        rank's record of the call travels too, so every rank raises if the ranks made different calls.
+        rank's record of the call travels too, so every rank raises if the ranks made different calls, or
+        if the call failed on a rank before its turn (:meth:`failed_scoring`).
         """
         rec = record(call) if scoring.reused else None
+        if call.rank != root and scoring.reused and isinstance(scoring.inputs, Error):
+            bodies = scoring.inputs.error  # this rank's own failure (``failed_scoring``): its record says so
         return exchange_results(
             link(call, OUTBOUND), call.fp, call.seq, scoring.inbound.counts, bodies, record=rec, root=root
         )

@@ -170,9 +170,11 @@ class GroupMode(Mode[GatherScoring]):
     def inbound(self, call: Call, payload: Outcome[Payload]) -> Value[GatherScoring] | Error:
         base, session = self.base, call.session
         kept = self.group.kept(session)
-        if isinstance(payload, Value) and call.bound is not None and kept is not None and kept.matches(call.bound):
+        if call.bound is not None and kept is not None and kept.matches(call.bound):
             self.group.hits += 1
             # no inbound exchange checked this call: its result exchange must (``reused``)
+            if isinstance(payload, Error):  # a failure only this rank knows of: the hit's result exchange tells
+                return Value(base.failed_scoring(call, kept.inbound, payload))
             return Value(base.scoring_for(call, kept.inbound, kept.values_copy(), reused=True))
         self.group.misses += 1
         if isinstance(payload, Value):  # encoded in this turn: any failure (a KeyboardInterrupt too) travels
