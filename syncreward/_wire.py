@@ -74,7 +74,7 @@ __all__ = [
     "split",
 ]
 
-VERSION = 0x5352_0005  # the first header word: ranks that run another version raise (each version: CHANGELOG.md)
+VERSION = 0x5352_0006  # the first header word: ranks that run another version raise (each version: CHANGELOG.md)
 H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_DESC, H_MODE_WORD, H_SHARED, H_DROP = range(11)
 DROP_WORDS = 4
 HEADER_LEN = H_DROP + DROP_WORDS
