@@ -107,7 +107,7 @@ def model(mode: str, w: int, rank: int, p: dict[str, int]) -> dict[str, int]:
     pairs with a nonzero byte count; bytes exclude a rank's copy to itself.
     """
     from syncreward._wire import HEADER_BYTES as H
-    from syncreward._wire import CallCheck
+    from syncreward._wire import FailedCheck  # a hit's check record: the call's CallCheck and its error size
 
     e = eager(p["frame"])
     caps = p["cap"] * (p.get("rewards", 1) if mode == "step3" else 1)
@@ -115,9 +115,9 @@ def model(mode: str, w: int, rank: int, p: dict[str, int]) -> dict[str, int]:
     if mode in ("main", "step3"):
         # inbound: every header to every rank, the payload to rank 0; outbound: one block per rank from rank 0.
         # step3 (a reward group): the first reward gathers; each later one (a hit) sends its results in an
-        # all_to_all in which every rank also sends every other rank its CallCheck record
+        # all_to_all in which every rank also sends every other rank its FailedCheck record
         hits = k - 1
-        c = CallCheck.SIZE * (w - 1) * hits  # check-record bytes a rank sends (and receives) over the hits
+        c = FailedCheck.SIZE * (w - 1) * hits  # check-record bytes a rank sends (and receives) over the hits
         if rank == 0:
             return {
                 "collectives": 1 + k,
@@ -133,7 +133,7 @@ def model(mode: str, w: int, rank: int, p: dict[str, int]) -> dict[str, int]:
             "msgs_in": (w - 1) + 1 + (w - 1) * hits,
             "bytes_out": (w - 1) * H + e + c,
             "bytes_in": (w - 1) * H + caps + c,
-            "recv_buffer_peak": max(w * H, p["cap"] + CallCheck.SIZE * (w - 1) if hits else p["cap"]),
+            "recv_buffer_peak": max(w * H, p["cap"] + FailedCheck.SIZE * (w - 1) if hits else p["cap"]),
         }
     if mode == "replicate":
         # inbound: header + payload to every rank; a status all_gather
