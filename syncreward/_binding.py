@@ -263,7 +263,8 @@ class Binder:
         self._readers = tuple(readers or (fn,))
         self._forced = (self.include or frozenset()) | frozenset(needed)
         self._read_from: tuple[tuple[types.FunctionType, types.CodeType], ...] = ()
-        self._readable = self._analyse()
+        self._readable: frozenset[str] | None = None
+        self._analyse()
 
     def _analyse(self) -> frozenset[str] | None:
         readable, self._read_from = _readable_by([running_function(r) for r in self._readers], self._forced)

@@ -175,6 +175,19 @@ def late_message(record: str, timeout: float) -> str:
     )
 
 
+def left_message(whys: Sequence[str], first: bool = False) -> str:
+    """What the ranks waiting in a synced call raise when ranks left the job without making it.
+
+    ``whys``: each leaver's own words ("rank 1 exited"); ``first``: the job's first synced call.
+    """
+    which = "its first synced call" if first else "this synced call"
+    return (
+        f"{'; '.join(whys)} without making {which}, so it will never arrive. HINT: every rank must make the same "
+        "synced calls: a call made on some ranks only (a reward or an evaluation under `if rank == 0:`) leaves the "
+        "others waiting for ranks that have finished; make it on every rank. The group is now unusable."
+    )
+
+
 _CONTAINER_WORDS = {"list": "a list", "tuple": "a tuple", "ndarray": "a numpy array", "tensor": "a tensor"}
 
 

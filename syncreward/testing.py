@@ -86,7 +86,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CommunicationError, SyncTimeoutError, late_message, timeout_message
+from ._errors import CommunicationError, SyncTimeoutError, late_message, left_message, timeout_message
 from .backends._cache import release
 from .backends._resolve import as_thread_rank, thread_ranks
 
@@ -353,13 +353,7 @@ class ThreadGroup:
         """Why the ranks that left before entering exchange ``op`` of ``ch`` will never arrive (None: none did)."""
         channel = self._channels.index(ch)
         whys = [why for _, (why, ops) in sorted(self._left.items()) if ops[channel] < op]
-        if not whys:
-            return None
-        return (
-            f"{'; '.join(whys)} without making this synced call, so it will never arrive. HINT: every rank must make "
-            "the same synced calls: a call made on some ranks only (under `if rank == 0:`) leaves the others "
-            "waiting for ranks that have finished; make it on every rank."
-        )
+        return left_message(whys) if whys else None
 
     def exchange(self, channel: int, rank: int, item: Any, timeout: float) -> list[Any]:
         """Post ``item`` and return every rank's item, in rank order (all ranks must call it).

@@ -110,6 +110,7 @@ from .._errors import (
     SyncTimeoutError,
     first_line,
     late_message,
+    left_message,
     timeout_message,
 )
 from ._waiting import WaitLog
@@ -333,16 +334,6 @@ def _read_left(store: Any, global_rank: int, name: str | None) -> _Left | None:
         if group == name:
             return _Left(why, (int(ops0), int(ops1)))
     return _Left(why, None)
-
-
-def _left_message(gone: Sequence[tuple[int, _Left]], first: bool) -> str:
-    which = "its first synced call" if first else "this synced call"
-    whys = "; ".join(left.why for _, left in gone)
-    return (
-        f"{whys} without making {which}, so it will never arrive. HINT: every rank must make the same synced "
-        "calls: a call made on some ranks only (a reward or an evaluation under `if rank == 0:`) leaves the others "
-        "waiting for ranks that have finished; make it on every rank. The group is now unusable."
-    )
 
 
 # ============================================================================================ failure table
@@ -932,7 +923,7 @@ class TorchDistributedBackend:
         ]
         if not gone:
             return
-        message = _left_message(gone, first=channel is None)
+        message = left_message([left.why for _, left in gone], first=channel is None)
         if records is not None:
             with contextlib.suppress(Exception):  # the ranks still waiting raise with this rank
                 if not records.check(["abort"]):
