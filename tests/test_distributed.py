@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import time
 from typing import Any
 
 import numpy as np
@@ -223,147 +221,8 @@ def test_every_rank_gets_its_slice_of_the_global_result(world_size: int) -> None
                 assert metrics["batch"] == [float(len(g["completions"]))]
 
 
-# --------------------------------------------------------------------------------------------- failures
-
-
-def failing(completions, **kwargs):
-    _ = kwargs  # it may read its **kwargs, so every column reaching them travels and is checked
-    if os.environ.get("FAIL_ON_RANK") == os.environ["RANK"]:
-        raise ValueError(f"boom on rank {os.environ['RANK']}")
-    return [1.0] * len(completions)
-
-
-def wrong_length(completions, **kwargs):
-    return [1.0] * (len(completions) + 1)
-
-
-def other_function(completions, **kwargs):
-    return [2.0] * len(completions)
-
-
-def named_solution(completions, solution, **kwargs):
-    return [float(len(solution))] * len(completions)
-
-
-main_failing = synced_reward(failing, )
-replicate_failing = synced_reward(mode="replicate")(failing)
-shard_failing = synced_reward(mode="shard", group_size=1)(failing)
-main_wrong = synced_reward(wrong_length)
-main_other = synced_reward(other_function)
-main_tight = synced_reward(timeout=3.0)(failing)
-main_named = synced_reward(named_solution)
-
-
 class Opaque:
     pass
-
-
-def failure_body(rank: int, world_size: int) -> dict[str, Any]:
-    comps = [f"c{rank}{i}" for i in range(rank + 1)]
-    out: dict[str, Any] = {}
-    os.environ["FAIL_ON_RANK"] = "0"
-    out["main_root_raises"] = _outcome(main_failing, comps)
-    os.environ["FAIL_ON_RANK"] = "2"
-    out["replicate_one_raises"] = _outcome(replicate_failing, comps)
-    out["shard_one_raises"] = _outcome(shard_failing, comps)
-    os.environ["FAIL_ON_RANK"] = "-1"
-    out["usable_after"] = _outcome(main_failing, comps)
-    bad = comps if rank != 1 else comps[:-1]
-    out["lengths_disagree"] = _outcome(main_failing, comps, solution=bad)
-    obj = [Opaque()] * len(comps) if rank == 2 else [1] * len(comps)
-    out["unsupported"] = _outcome(main_named, comps, obj)
-    out["wrong_length"] = _outcome(main_wrong, comps)
-    out["mismatch_function"] = _outcome(main_failing if rank == 0 else main_other, comps)
-    out["mismatch_schema"] = _outcome(main_failing, comps, **({"solution": comps} if rank == 1 else {}))
-    out["pickle_refused"] = _outcome(main_failing, completions=comps, extra=[Opaque()] * len(comps))
-    out["usable_after_all"] = _outcome(main_failing, comps)
-    if rank != 1:  # rank 1 never makes this call
-        out["timeout"] = _outcome(main_tight, comps)
-        out["broken_after"] = _outcome(main_tight, comps)
-    else:
-        time.sleep(5)
-    return out
-
-
-@pytest.fixture(scope="module")
-def failures() -> list[dict[str, Any]]:
-    """One launch of 3 ranks runs every failure in ``failure_body``; each test below checks one of them."""
-    return run_ranks(failure_body, 3, timeout=120)
-
-
-@pytest.mark.parametrize("case", ["main_root_raises", "replicate_one_raises", "shard_one_raises"])
-def test_a_raising_reward_raises_on_its_rank_and_a_remote_error_naming_it_elsewhere(
-    failures: list[dict[str, Any]], case: str
-) -> None:
-    origin = 0 if case == "main_root_raises" else 2  # main: the scoring rank; replicate/shard: FAIL_ON_RANK=2
-    for r, res in enumerate(failures):
-        if r == origin:
-            assert res[case][:2] == ("ValueError", f"boom on rank {origin}"), (r, res[case])
-        else:
-            assert res[case][:2] == ("RemoteError", (origin, "ValueError", f"boom on rank {origin}")), (r, res[case])
-    if case != "shard_one_raises":  # every rank raises within seconds, not the 30-minute timeout
-        assert max(res[case][2] for res in failures) < 10, [res[case] for res in failures]
-
-
-@pytest.mark.parametrize("case", ["usable_after", "usable_after_all"])
-def test_the_group_is_usable_after_recoverable_failures(failures: list[dict[str, Any]], case: str) -> None:
-    for r, res in enumerate(failures):
-        assert res[case][0] == "ok", (r, res[case])
-
-
-def test_columns_of_different_lengths_raise_input_error_on_that_rank(failures: list[dict[str, Any]]) -> None:
-    r0, r1, _ = failures
-    assert r1["lengths_disagree"][0] == "InputError", r1["lengths_disagree"]
-    assert "different lengths" in r1["lengths_disagree"][1]
-    assert r0["lengths_disagree"][:2] == ("RemoteError", (1, "syncreward.InputError", r1["lengths_disagree"][1]))
-
-
-def test_an_unsupported_object_raises_unsupported_type_error_naming_allow_pickle(
-    failures: list[dict[str, Any]],
-) -> None:
-    r0, _, r2 = failures
-    assert r2["unsupported"][0] == "UnsupportedTypeError", r2["unsupported"]
-    assert "allow_pickle" in r2["unsupported"][1]
-    assert r0["unsupported"][1][0] == 2, r0["unsupported"]
-
-
-def test_a_wrong_result_length_raises_result_length_error_on_the_scoring_rank(failures: list[dict[str, Any]]) -> None:
-    r0, r1, _ = failures
-    assert r0["wrong_length"][0] == "ResultLengthError", r0["wrong_length"]
-    assert r1["wrong_length"][:2] == ("RemoteError", (0, "syncreward.ResultLengthError", r0["wrong_length"][1]))
-
-
-def test_ranks_calling_different_functions_raise_mismatch_error_naming_both(failures: list[dict[str, Any]]) -> None:
-    for r, res in enumerate(failures):
-        assert res["mismatch_function"][0] == "MismatchError", (r, res["mismatch_function"])
-        assert "failing" in res["mismatch_function"][1], (r, res["mismatch_function"])
-        assert "other_function" in res["mismatch_function"][1], (r, res["mismatch_function"])
-
-
-def test_ranks_passing_different_columns_raise_mismatch_error_naming_the_column(
-    failures: list[dict[str, Any]],
-) -> None:
-    for r, res in enumerate(failures):
-        assert res["mismatch_schema"][0] == "MismatchError", (r, res["mismatch_schema"])
-        assert "solution:list" in res["mismatch_schema"][1], (r, res["mismatch_schema"])
-
-
-def test_a_kwargs_only_column_of_objects_is_left_behind_and_the_call_works(failures: list[dict[str, Any]]) -> None:
-    for r, res in enumerate(failures):  # the function (which ignores it) still works
-        assert res["pickle_refused"][0] == "ok", (r, res["pickle_refused"])
-
-
-def test_a_skipped_call_times_out_naming_the_missing_rank(failures: list[dict[str, Any]]) -> None:
-    for r in (0, 2):  # rank 1 never makes the call
-        kind, missing, seconds = failures[r]["timeout"]
-        assert kind == "SyncTimeoutError", (r, failures[r]["timeout"])
-        assert missing == (1,), (r, failures[r]["timeout"])
-        assert 2.5 < seconds < 10, (r, failures[r]["timeout"])
-
-
-def test_after_a_timeout_the_group_is_broken(failures: list[dict[str, Any]]) -> None:
-    for r in (0, 2):
-        assert failures[r]["broken_after"][0] == "GroupBrokenError", (r, failures[r]["broken_after"])
 
 
 # --------------------------------------------------------------------------------------------- columns

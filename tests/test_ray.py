@@ -377,6 +377,17 @@ def test_a_dead_coordinator_fails_its_members(members: Any) -> None:
     assert seconds < 15
 
 
+def test_the_coordinator_process_imports_neither_syncreward_nor_torch(members: Any) -> None:
+    """Its classes travel by value (``_ray_coordinator``); by reference, its process would import syncreward,
+    and with it torch (the workers here could: they have this checkout on their path). The member is the
+    driver: an actor member's handle makes the coordinator load that actor's class, and what its module
+    imports (docs/ray.md)."""
+    with join("lean", 0, 1):
+        info = coordinator_info("lean")
+    assert info["imported"] == []
+    assert info["pid"] != os.getpid()
+
+
 # --------------------------------------------------------------------------------------------- membership
 
 

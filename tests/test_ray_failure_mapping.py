@@ -17,7 +17,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError  # noqa: E40
 
 from syncreward import CommunicationError, GroupBrokenError, SyncTimeoutError  # noqa: E402
 from syncreward.backends import ray as ray_backend  # noqa: E402
-from syncreward.backends.ray import _FAILURES, _UNUSABLE, _WRONG_SIZE, BROKEN, ERROR, FAILED, TIMEOUT  # noqa: E402
+from syncreward.backends._ray_coordinator import BROKEN, ERROR, FAILED, TIMEOUT  # noqa: E402
+from syncreward.backends.ray import _FAILURES, _UNUSABLE, _WRONG_SIZE  # noqa: E402
 
 GROUP = "g"
 

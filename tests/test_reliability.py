@@ -423,7 +423,9 @@ def test_a_reward_raising_on_one_rank_raises_there_and_a_remote_error_naming_it_
     origin = 0 if case == "raises_on_rank0" else m.last  # rank 0 is main's scoring rank
     got = m.at(f"{mode}/{case}")
     assert got[origin]["kind"] == "ValueError", f"rank {origin}: {got[origin]}"
+    assert got[origin]["msg"] == f"boom on rank {origin}", f"rank {origin}: {got[origin]}"
     assert_remote(got, origin, "ValueError")
+    assert all(f"boom on rank {origin}" in o["msg"] for o in got.values()), got  # the remote errors carry its message
     assert_prompt(got)
 
 
@@ -447,6 +449,7 @@ def test_columns_of_different_lengths_raise_input_error_on_that_rank(
     assert got[m.last]["kind"] == "InputError", f"rank {m.last}: {got[m.last]}"
     assert "different lengths" in got[m.last]["msg"], f"rank {m.last}: {got[m.last]}"
     assert_remote(got, m.last, "syncreward.InputError")
+    assert all(got[m.last]["msg"] in o["msg"] for o in got.values()), got  # the remote errors carry its message
     assert_prompt(got)
 
 
@@ -487,6 +490,7 @@ def test_a_reward_returning_the_wrong_length_raises_result_length_error(
     if mode == "main":
         assert got[0]["kind"] == "ResultLengthError", f"rank 0: {got[0]}"
         assert_remote(got, 0, "syncreward.ResultLengthError")
+        assert all(got[0]["msg"] in o["msg"] for o in got.values()), got  # the remote errors carry its message
     else:  # every rank scores (shard: group_size=1 spreads the samples over every rank)
         assert all(o["kind"] == "ResultLengthError" for o in got.values()), got
     assert_prompt(got)
@@ -500,10 +504,12 @@ def test_ranks_making_different_calls_raise_mismatch_error_naming_every_rank(
     got = m.at(f"{mode}/{case}")
     assert all(o["kind"] == "MismatchError" for o in got.values()), got
     assert all(f"rank {r}:" in o["msg"] for o in got.values() for r in m.ranks), got
+    if case == "different_functions":
+        assert all("plain(" in o["msg"] and "other(" in o["msg"] for o in got.values()), got  # both named
     if case == "different_columns":
-        assert "solution:list" in got[0]["msg"], got[0]
+        assert all("solution:list" in o["msg"] for o in got.values()), got
     if case == "different_containers":
-        assert "completions:tuple" in got[0]["msg"], got[0]
+        assert all("completions:tuple" in o["msg"] for o in got.values()), got
     assert_prompt(got)
 
 

@@ -21,7 +21,7 @@ from syncreward.testing import run_ranks, run_threads
 
 cloudpickle = pytest.importorskip("ray.cloudpickle")
 
-SIZES = [2, 1, 3]  # uneven (an empty rank never shares a gathering: test_reward_group_sharing)
+SIZES = [2, 1, 3]  # uneven (an empty rank never shares a gathering: test_reward_groups)
 
 
 def count(completions: Any, **kwargs: Any) -> list[float]:

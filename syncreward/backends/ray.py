@@ -15,8 +15,10 @@ synced calls with ``backend="ray"`` (or passes the returned backend object)::
 
 Mechanism. The group's traffic goes through one *coordinator*: an async, named Ray actor
 (``syncreward:<group>:<job id>`` in namespace ``syncreward``, created race-free with
-``get_if_exists=True`` by whichever member joins first; ``num_cpus=0``; it never imports syncreward or
-torch, so it is small and quick to start). Every collective is one actor call per member: the member
+``get_if_exists=True`` by whichever member joins first; ``num_cpus=0``; its classes, in
+:mod:`syncreward.backends._ray_coordinator`, travel to it by value, so its own code imports neither
+syncreward nor torch and it is quick to start; Ray does load there the class of each member actor whose
+handle it holds, with that class's module). Every collective is one actor call per member: the member
 sends its bytes and gets back, in one reply, exactly the bytes addressed to it. The coordinator keeps a
 slot per (channel, operation index); a slot holds the members' submissions until all have arrived,
 hands every member its part, and is dropped once every member has taken it. Because the coordinator is
@@ -47,11 +49,8 @@ the job ends (its actors die with the driver). :func:`destroy` removes it at onc
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import itertools
 import logging
-import os
 import threading
 import time
 import uuid
@@ -77,275 +76,30 @@ from .._errors import (
     first_line,
     timeout_message,
 )
+from ._ray_coordinator import (
+    ALL_TO_ALL,
+    BROKEN,
+    FAILED,
+    GATHER,
+    OK,
+    TIMEOUT,
+    ZERO_COPY_BYTES,
+    coordinator_class,
+)
 
 __all__ = ["RayBackend", "current_backend", "destroy", "join", "joined_backends"]
 
 log = logging.getLogger(__name__)
 
 _HEARTBEAT_S = 2.0  # how often a member that is not an actor tells the coordinator it is alive
-_HEARTBEAT_DEAD_S = 60.0  # silence after which such a member counts as dead
-_PROBE_S = 1.0  # pause between liveness probes of a member actor (one probe is always outstanding)
-_LINGER_S = 10.0  # the coordinator removes itself after this long with no joined member
 _REPLY_MARGIN_S = 30.0  # a member waits this much longer than ``timeout`` for the coordinator's reply
 _JOIN_TIMEOUT_S = 120.0
-_ZERO_COPY_BYTES = 1 << 20  # buffers this large travel as uint8 arrays, which Ray passes zero-copy
-
-GATHER, ALL_TO_ALL = 0, 1
-OK, TIMEOUT, FAILED, BROKEN, ERROR = "ok", "timeout", "failed", "broken", "error"
-
 
 _NAMESPACE = "syncreward"  # a named namespace: detached actors in a job's anonymous one draw a warning
 
 
 def _actor_name(group: str) -> str:
     return f"syncreward:{group}:{ray.get_runtime_context().get_job_id()}"
-
-
-# ============================================================================================ coordinator
-
-
-def _make_coordinator_class() -> Any:
-    """Define the coordinator's classes.
-
-    They are defined in this function, and reference only the standard library and ``ray``, so that Ray
-    ships them to the coordinator's process *by value*: that process never imports syncreward (nor
-    torch), which keeps it small and quick to start.
-    """
-    zero_copy_bytes = _ZERO_COPY_BYTES
-    defaults = {"heartbeat_dead_s": _HEARTBEAT_DEAD_S, "probe_s": _PROBE_S, "linger_s": _LINGER_S}
-
-    class _Member:
-        __slots__ = ("actor", "last_seen", "probe", "state", "token")
-
-        def __init__(self, token: str, actor: Any) -> None:
-            self.token = token
-            self.actor = actor  # weak handle of the member actor, or None for tasks / drivers
-            self.last_seen = time.monotonic()
-            self.state = "live"  # live | left | dead
-            self.probe: asyncio.Task[None] | None = None
-
-    class _Slot:
-        """The submissions of one collective (one channel, one operation index)."""
-
-        __slots__ = ("arrived", "event", "failure", "gathered", "kind", "offsets", "parts", "taken")
-
-        def __init__(self, kind: int, world_size: int) -> None:
-            self.kind = kind
-            self.parts: list[Any] = [None] * world_size  # bytes, or a uint8 array when large
-            self.offsets: list[list[int] | None] = [None] * world_size
-            self.arrived = 0
-            self.taken = 0
-            self.event = asyncio.Event()
-            self.failure: tuple[str, Any] | None = None
-            self.gathered: bytes | None = None
-
-    class _Coordinator:
-        """The group's meeting point (runs as an async Ray actor; see the module docstring)."""
-
-        def __init__(self, group: str, world_size: int, settings: dict[str, float]) -> None:
-            self.group = group
-            self.world_size = world_size
-            settings = {**defaults, **settings}
-            self.heartbeat_dead_s = settings["heartbeat_dead_s"]
-            self.probe_s = settings["probe_s"]
-            self.linger_s = settings["linger_s"]
-            self.members: dict[int, _Member] = {}
-            self.counters = [[0] * world_size, [0] * world_size]
-            self.slots: dict[tuple[int, int], _Slot] = {}
-            self.broken: str | None = None
-            self.idle_since = time.monotonic()
-            self.watchdog: asyncio.Task[None] | None = None
-
-        # ------------------------------------------------------------------------------------ membership
-
-        async def register(self, rank: int, world_size: int, token: str, actor: Any) -> tuple[str, str]:
-            if self.watchdog is None:
-                self.watchdog = asyncio.get_running_loop().create_task(self._watch())
-            if world_size != self.world_size:
-                return ERROR, f"group {self.group!r} has world_size {self.world_size}, not {world_size}"
-            if not 0 <= rank < self.world_size:
-                return ERROR, f"rank {rank} is outside group {self.group!r} of world_size {self.world_size}"
-            if self.broken is not None:
-                return BROKEN, self.broken
-            old = self.members.get(rank)
-            if old is not None and old.state == "live":
-                if old.token == token:
-                    return OK, ""
-                return ERROR, f"rank {rank} of group {self.group!r} is already joined by another live member"
-            member = self.members[rank] = _Member(token, actor)
-            if actor is not None:
-                member.probe = asyncio.get_running_loop().create_task(self._probe(rank, member))
-            self.idle_since = time.monotonic()
-            return OK, ""
-
-        async def leave(self, rank: int, token: str) -> None:
-            member = self.members.get(rank)
-            if member is not None and member.token == token and member.state == "live":
-                member.state = "left"
-                self._forget(member)
-
-        async def heartbeat(self, rank: int, token: str) -> None:
-            member = self.members.get(rank)
-            if member is not None and member.token == token:
-                member.last_seen = time.monotonic()
-
-        async def info(self) -> dict[str, Any]:
-            return {
-                "group": self.group,
-                "world_size": self.world_size,
-                "members": {r: m.state for r, m in sorted(self.members.items())},
-                "pending_slots": len(self.slots),
-                "broken": self.broken,
-                "pid": os.getpid(),
-            }
-
-        def _forget(self, member: _Member) -> None:
-            member.actor = None
-            if member.probe is not None:
-                member.probe.cancel()
-                member.probe = None
-
-        def _died(self, rank: int, why: str) -> None:
-            member = self.members[rank]
-            if member.state != "live":
-                return
-            member.state = "dead"
-            self._forget(member)
-            self._break(f"rank {rank} of group {self.group!r} died ({why})", FAILED)
-
-        async def _probe(self, rank: int, member: _Member) -> None:
-            unavailable = 0
-            while member.state == "live" and member.actor is not None:
-                try:
-                    await member.actor.__ray_ready__.remote()
-                    unavailable = 0
-                except asyncio.CancelledError:
-                    raise
-                except RayActorError as e:
-                    if type(e).__name__ == "ActorUnavailableError":  # restarting or briefly unreachable
-                        unavailable += 1
-                        if unavailable < 3:
-                            await asyncio.sleep(self.probe_s)
-                            continue
-                    self._died(rank, f"its actor died: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-                    return
-                except Exception as e:  # pragma: no cover - unexpected; do not let the probe spin
-                    self._died(rank, f"liveness probe failed: {type(e).__name__}")
-                    return
-                await asyncio.sleep(self.probe_s)
-
-        async def _watch(self) -> None:
-            while True:
-                await asyncio.sleep(0.25)
-                now = time.monotonic()
-                for rank, member in list(self.members.items()):
-                    silent = now - member.last_seen > self.heartbeat_dead_s
-                    if member.state == "live" and member.actor is None and silent:
-                        self._died(rank, f"no heartbeat for {self.heartbeat_dead_s:.0f}s")
-                if self.slots or any(m.state == "live" for m in self.members.values()):
-                    self.idle_since = now
-                elif now - self.idle_since > self.linger_s:
-                    ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-                    return
-
-        # ------------------------------------------------------------------------------------ collectives
-
-        def _break(self, reason: str, status: str, missing_of: Any = None) -> None:
-            """Fail every incomplete slot (waking its waiters) and refuse every later operation."""
-            if self.broken is None:
-                self.broken = reason
-            for key, slot in list(self.slots.items()):
-                if slot.arrived < self.world_size:
-                    if missing_of is not None:
-                        missing = [r for r in range(self.world_size) if slot.parts[r] is None]
-                        slot.failure = (status, (missing, reason))
-                    else:
-                        slot.failure = (status, reason)
-                    slot.parts = [None] * self.world_size
-                    slot.event.set()
-                    del self.slots[key]
-
-        async def exchange(
-            self,
-            rank: int,
-            token: str,
-            channel: int,
-            kind: int,
-            payload: Any,
-            counts: Sequence[int] | None,
-            timeout: float,
-        ) -> tuple[str, Any]:
-            member = self.members.get(rank)
-            if member is None or member.token != token or member.state != "live":
-                return ERROR, f"rank {rank} is not a joined member of group {self.group!r} (it left, or was replaced)"
-            member.last_seen = time.monotonic()
-            if self.broken is not None:
-                return BROKEN, self.broken
-            index = self.counters[channel][rank]
-            self.counters[channel][rank] = index + 1
-            key = (channel, index)
-            slot = self.slots.get(key)
-            if slot is None:
-                slot = self.slots[key] = _Slot(kind, self.world_size)
-            if slot.kind != kind:
-                self._break("the members' synced calls went out of step (they sent different kinds of data)", FAILED)
-                return ERROR, self.broken
-            slot.parts[rank] = payload
-            if counts is not None:
-                slot.offsets[rank] = [0, *itertools.accumulate(counts)]
-            slot.arrived += 1
-            if slot.arrived == self.world_size:
-                slot.event.set()
-            else:
-                try:
-                    await asyncio.wait_for(slot.event.wait(), timeout if timeout < 1e9 else None)
-                except asyncio.TimeoutError:
-                    if not slot.event.is_set():
-                        missing = [r for r in range(self.world_size) if slot.parts[r] is None]
-                        self._break(
-                            f"rank(s) {missing} of Ray group {self.group!r} did not arrive within timeout={timeout:g}s",
-                            TIMEOUT,
-                            missing_of=True,
-                        )
-            if slot.failure is not None:
-                return slot.failure
-            out = self._take(slot, rank)
-            slot.taken += 1
-            if slot.taken == self.world_size:
-                slot.parts = []
-                slot.gathered = None
-                self.slots.pop(key, None)
-            return OK, out
-
-        def _take(self, slot: _Slot, rank: int) -> Any:
-            if slot.kind == GATHER:
-                if slot.gathered is None:
-                    slot.gathered = b"".join(p for p in slot.parts if p is not None)
-                return slot.gathered
-            pieces = []
-            for src in range(self.world_size):
-                payload, offsets = slot.parts[src], slot.offsets[src]
-                assert payload is not None
-                assert offsets is not None
-                pieces.append(memoryview(payload)[offsets[rank] : offsets[rank + 1]])
-            out = b"".join(pieces)
-            if len(out) < zero_copy_bytes:
-                return out
-            import numpy  # only now: small groups never load it
-
-            return numpy.frombuffer(out, dtype=numpy.uint8)
-
-    return _Coordinator
-
-
-_actor_class: Any = None
-
-
-def _coordinator_class() -> Any:
-    global _actor_class
-    if _actor_class is None:
-        _actor_class = ray.remote(_make_coordinator_class())
-    return _actor_class
 
 
 # ============================================================================================ failure table
@@ -469,7 +223,7 @@ class RayBackend:
     ) -> np.ndarray:
         counts = [int(c) for c in send_counts]
         buf = np.ascontiguousarray(send, dtype=np.uint8).reshape(-1)
-        payload = buf if buf.nbytes >= _ZERO_COPY_BYTES else buf.tobytes()
+        payload = buf if buf.nbytes >= ZERO_COPY_BYTES else buf.tobytes()
         data = self._exchange(channel, ALL_TO_ALL, payload, counts, timeout)
         want = int(sum(recv_counts))
         if len(data) != want:
@@ -605,7 +359,7 @@ def join(
     deadline = time.monotonic() + timeout
     while True:
         coord = (
-            _coordinator_class()
+            coordinator_class()
             .options(
                 name=_actor_name(group),
                 namespace=_NAMESPACE,

@@ -1,4 +1,4 @@
-"""Broken latch: after a synced call fails for want of a peer, later calls fail at once and say why.
+"""A missing peer: after a synced call fails for want of a peer, later calls fail at once and say why.
 
 Rank 0 starts two concurrent async synced calls that rank 1 never joins. Both must raise a
 CommunicationError (the first times out; the second, queued behind it, must not stall), and any later
