@@ -7,7 +7,7 @@ Three things are compared between ranks by content, and each needs its own notio
 * **group keys** (``mode="shard", group_by=``: ``_keys.group_keys``): samples group as Python's ``==`` and
   ``hash()`` would group them in one process -- :data:`EQUAL`;
 * a **reward's configuration** (``_identity``): two copies of a reward are the same reward when their
-  configurations are :data:`EXACT`\\ ly alike (objects without canonical bytes count by their type's
+  configurations are alike under :data:`EXACT` (objects without canonical bytes count by their type's
   name: ``_identity`` hands them in as :class:`Opaque`).
 
 One encoder, :func:`encode`, writes all three; the rule is its parameter. Under both rules:
@@ -41,14 +41,12 @@ import array
 import enum
 import math
 import struct
+import sys
 from typing import Any
 
 import numpy as np
-import torch
 
-from ._codec import MAX_DEPTH
-
-__all__ = ["EQUAL", "EXACT", "Budget", "NotPlain", "Opaque", "Rule", "encode", "to_bytes"]
+__all__ = ["EQUAL", "EXACT", "MAX_DEPTH", "Budget", "NotPlain", "Opaque", "Rule", "encode", "to_bytes"]
 
 
 class Rule(enum.Enum):
@@ -89,6 +87,7 @@ class Budget:
         self.depth = depth
 
 
+MAX_DEPTH = 100  # levels of nesting written out at most (a self-referencing value ends here)
 _LEN = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 _C128 = struct.Struct("<dd")
@@ -298,9 +297,17 @@ def _equal_other(v: Any, out: bytearray, depth: int) -> None:
         _equal_dict(v, out, depth)
     elif isinstance(v, (bytes, np.bytes_)):
         out += b"b" + _LEN.pack(len(v)) + bytes(v)
-    elif isinstance(v, (np.ndarray, torch.Tensor)):
-        _equal((v.detach().cpu() if isinstance(v, torch.Tensor) else v).tolist(), out, depth - 1)
+    elif isinstance(v, np.ndarray):
+        _equal(v.tolist(), out, depth - 1)
     elif isinstance(v, np.generic):
         _equal(v.item(), out, depth)
+    elif _is_tensor(v):
+        _equal(v.detach().cpu().tolist(), out, depth - 1)
     else:
         raise NotPlain(f"it holds a {_name(v)}")
+
+
+def _is_tensor(v: Any) -> bool:
+    """Whether ``v`` is a ``torch.Tensor`` (torch is not imported here: a tensor exists only once it is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(v, torch.Tensor)
