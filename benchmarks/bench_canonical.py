@@ -84,8 +84,9 @@ def old_description(fingerprint: Callable[[str], int]) -> Callable[[], Any]:
 
 def new_description(fingerprint: Callable[[str], int]) -> Callable[[], Any]:
     def describe() -> Any:
-        columns = tuple((n, c) for n, c in COLUMNS)
-        fp = fingerprint(f"{REWARD}\0{''}\0{columns}\0{SITE_KEY}")
+        columns = tuple([(n, c) for n, c in COLUMNS])
+        schema = "\1".join(map("\0".join, columns))
+        fp = fingerprint(f"{REWARD}\0{''}\0{schema}\0{SITE_KEY}")
         return fp, Description(7, 3, REWARD, "", columns, SITE_SHOWN)
 
     return describe

@@ -172,7 +172,7 @@ def unbound_call(spec: Spec, session: Session, seq: int, site: Site) -> Call:
 
 
 def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | None) -> Call:
-    columns = tuple((c.name, CONTAINERS[c.container]) for c in bound.columns) if bound is not None else None
+    columns = tuple([(c.name, CONTAINERS[c.container]) for c in bound.columns]) if bound is not None else None
     key, digest = spec.key, spec.identity.digest
     if bound is not None and spec.identity.method and "self" in bound.shared:  # @synced_reward on a method
         config, owner = owner_config(bound.shared["self"])
@@ -185,7 +185,8 @@ def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | No
             checked = {k: v for k, v in bound.shared.items() if k not in unchecked}
     shared = SharedValues(checked) if checked else _NOTHING_SHARED  # hashed here: before the call's turn
     # the path-independent site is compared; the user's file and line are shown (they may differ per rank)
-    fp = fingerprint(f"{key}\0{digest}\0{columns}\0{site.key}")
+    schema = "\1".join(map("\0".join, columns)) if columns is not None else "?"
+    fp = fingerprint(f"{key}\0{digest}\0{schema}\0{site.key}")
     return Call(spec, session, seq, site, bound, fp, Description(seq, step, key, digest, columns, site.shown), shared)
 
 

@@ -89,6 +89,7 @@ class Budget:
 
 MAX_DEPTH = 100  # levels of nesting written out at most (a self-referencing value ends here)
 _LEN = struct.Struct("<Q")
+_pack = _LEN.pack
 _F64 = struct.Struct("<d")
 _C128 = struct.Struct("<dd")
 _FLAT = frozenset({type(None), bool, int, float, str, bytes})  # exact types whose repr is their exact value
@@ -239,10 +240,14 @@ def _equal(v: Any, out: bytearray, depth: int) -> None:
     if depth < 0:
         raise NotPlain(f"it is nested more than {MAX_DEPTH} levels deep")
     t = type(v)
-    if t is str:
-        _str(v, out)
+    if t is str:  # inline: TRL's prompts are mostly str
+        raw = v.encode("utf-8", "surrogatepass")
+        out += b"s"
+        out += _pack(len(raw))
+        out += raw
     elif t is list or t is tuple:
-        out += (b"l" if t is list else b"t") + _LEN.pack(len(v))
+        out += b"l" if t is list else b"t"
+        out += _pack(len(v))
         for x in v:
             _equal(x, out, depth - 1)
     elif t is dict:
@@ -257,7 +262,8 @@ def _equal(v: Any, out: bytearray, depth: int) -> None:
 
 def _equal_dict(v: dict[Any, Any], out: bytearray, depth: int) -> None:
     if all(isinstance(k, str) for k in v):  # chat messages: in the order of their str keys
-        out += b"e" + _LEN.pack(len(v))
+        out += b"e"
+        out += _pack(len(v))
         for k in sorted(v):
             _equal(k, out, depth - 1)
             _equal(v[k], out, depth - 1)

@@ -40,17 +40,20 @@ def group_keys(values: Any, container: int, column: str) -> bytes:
     out = bytearray()
     blake2b = hashlib.blake2b
     pack = _LEN.pack
+    seen: dict[str | int, bytes] = {}  # a prompt repeats once per completion (TRL: num_generations)
     for i, v in enumerate(values):
         t = type(v)
+        if t is str or t is int:  # the common keys inline: the bytes ``_canonical.encode`` writes
+            key = seen.get(v)
+            if key is None:
+                if t is str:
+                    b = b"s" + pack(len(raw := v.encode("utf-8", "surrogatepass"))) + raw
+                else:
+                    b = b"i" + pack(len(raw := v.to_bytes(v.bit_length() // 8 + 1, "little", signed=True))) + raw
+                key = seen[v] = blake2b(b, digest_size=KEY_BYTES).digest()
+            keys += key
+            continue
         try:
-            if t is str:  # the common keys inline: the bytes ``_canonical.encode`` writes
-                b = v.encode("utf-8", "surrogatepass")
-                keys += blake2b(b"s" + pack(len(b)) + b, digest_size=KEY_BYTES).digest()
-                continue
-            if t is int:
-                b = v.to_bytes(v.bit_length() // 8 + 1, "little", signed=True)
-                keys += blake2b(b"i" + pack(len(b)) + b, digest_size=KEY_BYTES).digest()
-                continue
             out.clear()
             encode(v, out, EQUAL)
         except NotPlain as e:

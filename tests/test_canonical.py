@@ -37,13 +37,13 @@ EQUAL_BUT_TELLABLE = {
 }
 
 
-@pytest.mark.parametrize("a, b", EQUAL_BUT_TELLABLE.values(), ids=EQUAL_BUT_TELLABLE)
+@pytest.mark.parametrize(("a", "b"), EQUAL_BUT_TELLABLE.values(), ids=EQUAL_BUT_TELLABLE)
 def test_exact_rule_tells_apart_values_that_compare_equal(a: Any, b: Any) -> None:
     assert a == b
     assert to_bytes(a, EXACT) != to_bytes(b, EXACT)
 
 
-@pytest.mark.parametrize("a, b", EQUAL_BUT_TELLABLE.values(), ids=EQUAL_BUT_TELLABLE)
+@pytest.mark.parametrize(("a", "b"), EQUAL_BUT_TELLABLE.values(), ids=EQUAL_BUT_TELLABLE)
 def test_equal_rule_groups_values_that_compare_equal(a: Any, b: Any) -> None:
     assert to_bytes(a, EQUAL) == to_bytes(b, EQUAL)
 
@@ -89,7 +89,7 @@ def test_exact_rule_refuses_what_has_its_own_equality_and_arrays() -> None:
 def test_a_value_that_is_not_plain_names_its_type_and_leaves_the_output_as_it_was() -> None:
     out = bytearray(b"kept")
     for rule in (EXACT, EQUAL):
-        with pytest.raises(NotPlain, match="it holds a builtins.object"):
+        with pytest.raises(NotPlain, match=r"it holds a builtins\.object"):
             encode([1, "x", {"k": object()}], out, rule)
         assert out == b"kept"
 
