@@ -113,15 +113,16 @@ def _repr(value: Any, depth: int, config: bool) -> str:
     return f"<{type(value).__qualname__}>"
 
 
-def _comparable(value: Any, depth: int = 0) -> Any:
+def _comparable(value: Any, left: list[int], depth: int = 0) -> Any:
     """A reward's configuration value as it is compared between ranks: ``_canonical``'s plain data.
 
-    What :func:`config_repr` writes out, but whole (no value is cut short, however long or deep) and exact
-    (``_canonical``'s :data:`~syncreward._canonical.EXACT` rule: ``1``, ``1.0`` and ``True`` differ, as in the
-    text); what differs between ranks by design is left out alike (per-rank keys, a device string is
-    ``<device>``), and what has no canonical bytes stands for its name (:class:`~syncreward._canonical.Opaque`:
-    an object by its type, an enum member by its type and name).
+    What :func:`config_repr` writes out, but whole (no value is cut short) and exact (``_canonical``'s
+    :data:`~syncreward._canonical.EXACT` rule: ``1``, ``1.0`` and ``True`` differ, as in the text); what
+    differs between ranks by design is left out alike (per-rank keys; a device string is ``<device>``), and
+    what has no canonical bytes stands for its name (:class:`~syncreward._canonical.Opaque`: an object by its
+    type, an enum member by its type and name). ``left``: elements left to convert; past them, :class:`NotPlain`.
     """
+    left[0] -= 1
     t = type(value)
     if value is None or t in _EXACT_SCALARS:
         if t is str and len(value) <= 32 and _DEVICE.fullmatch(value):
@@ -129,10 +130,16 @@ def _comparable(value: Any, depth: int = 0) -> Any:
         return value
     if isinstance(value, enum.Enum):
         return Opaque(f"{type(value).__qualname__}.{value.name}")
-    if depth < _MAX_COMPARED_DEPTH and isinstance(value, (list, tuple)):  # a NamedTuple: as a tuple
-        return (list if isinstance(value, list) else tuple)(_comparable(v, depth + 1) for v in value)
-    if depth < _MAX_COMPARED_DEPTH and isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {str(k): _comparable(v, depth + 1) for k, v in value.items() if not _per_rank(k)}
+    if depth < _MAX_COMPARED_DEPTH and isinstance(value, (list, tuple, dict)):
+        left[0] -= len(value)
+        if left[0] < 0:
+            raise NotPlain("the configuration is too large to compare whole")
+        if isinstance(value, list):
+            return [_comparable(v, left, depth + 1) for v in value]
+        if isinstance(value, tuple):  # a NamedTuple: as a tuple
+            return tuple(_comparable(v, left, depth + 1) for v in value)
+        if all(isinstance(k, str) for k in value):
+            return {str(k): _comparable(v, left, depth + 1) for k, v in value.items() if not _per_rank(k)}
     if isinstance(value, (int, float, str, bytes)):  # a subclass (a str subclass, a numpy scalar): its repr
         return Opaque(f"{type(value).__qualname__}:{value!r}")
     return Opaque(type(value).__qualname__)
@@ -141,19 +148,20 @@ def _comparable(value: Any, depth: int = 0) -> Any:
 _EXACT_SCALARS = frozenset({bool, int, float, str, bytes})
 _AT_DEVICE = Opaque("<device>")
 _MAX_COMPARED_DEPTH = 16  # deeper values stand for their type (a self-referencing list ends here)
-# a configuration whose canonical bytes are larger is compared by its text only (a closure over a dataset)
+# a configuration larger than this is compared by its text only (a closure over a dataset)
 _COMPARED = Budget(items=1 << 16, size=4 << 20, depth=_MAX_COMPARED_DEPTH + 1)
 
 
 def config_digest(found: dict[str, Any]) -> str:
-    """A digest of a configuration (``{name: comparable value}``, :func:`_comparable`), the same on every rank.
+    """A digest of a configuration (``{name: value}``, as :func:`_comparable` compares it), alike on every rank.
 
     ``""`` when it is empty or too large to compare whole (then its text, :func:`config_repr`, is compared).
     """
     if not found:
         return ""
     try:
-        raw = to_bytes(found, EXACT, _COMPARED)
+        left = [_COMPARED.items]
+        raw = to_bytes({k: _comparable(v, left) for k, v in found.items()}, EXACT, _COMPARED)
     except NotPlain:
         return ""
     return hashlib.blake2b(raw, digest_size=8).hexdigest()
@@ -293,7 +301,7 @@ class Identity:
         )
         self._base = base + ("[" + ", ".join(f"{k}={config_repr(v)}" for k, v in found.items()) + "]" if found else "")
         # what is compared beside the text: the configuration whole and exact (the text cuts long values short)
-        self.digest = config_digest({k: _comparable(v) for k, v in found.items()})
+        self.digest = config_digest(found)
         self._short = base.split("#", 1)[0].rsplit(".", 1)[-1]  # the name it is logged by unless renamed
         self._named: Any = None
         self._name = display_name
@@ -333,7 +341,7 @@ def owner_config(obj: Any) -> tuple[str, str]:
         return entry[1]  # type: ignore[no-any-return]
     attrs = _attributes(obj)
     text = "[" + ", ".join(f"{k}={config_repr(v)}" for k, v in attrs.items()) + "]" if attrs else ""
-    found = (text, config_digest({k: _comparable(v) for k, v in attrs.items()}))
+    found = (text, config_digest(attrs))
     try:
         ref = weakref.ref(obj)
     except TypeError:  # not weakly referenceable (slots without __weakref__): taken at every call

@@ -181,3 +181,9 @@ def test_canonical_bytes_do_not_depend_on_the_process_hash_salt() -> None:
         out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
         seen.add(out.stdout.strip())
     assert len(seen) == 1, seen
+
+
+def test_a_configuration_too_large_to_compare_whole_is_compared_by_its_text() -> None:
+    big = Identity(functools.partial(_reward, prompt=[str(i) for i in range(200_000)]), "_reward")
+    assert big.digest == ""  # its shown text (first items and length) is what is compared
+    assert "...<200000 items>" in big.key()
