@@ -21,8 +21,9 @@ import torch
 from ._batch import CPU, encodable, merge_frames
 from ._binding import Binder, Bound
 from ._codec import C_TENSOR, CONTAINERS, encode_frame
+from ._description import Description
 from ._errors import MismatchError
-from ._exchange import INBOUND, SITE, Inbound, Link
+from ._exchange import INBOUND, Inbound, Link
 from ._identity import Identity, Site, owner_config
 from ._options import Options
 from ._outcome import Error, Outcome, Value
@@ -47,6 +48,9 @@ __all__ = [
 ]
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]  # the positional and keyword arguments the function is scored with
+# The header's and check record's description size: unused (0). A mismatch gathers the descriptions' sizes
+# itself (``Link.mismatch``), so no call encodes its description unless the ranks disagree.
+_NO_DESC = 0
 _NOTHING_SHARED = SharedValues({})  # a call without shared arguments to check (TRL's: only trainer_state and logs)
 
 
@@ -104,7 +108,7 @@ class Call:
     site: Site  # where the call comes from (``_identity.call_site``): its ``key`` is part of the fingerprint
     bound: Bound | None  # None: binding the arguments failed
     fp: int
-    description: str
+    description: Description  # what a mismatch shows every rank (``_description``)
     shared: SharedValues  # the shared arguments every rank must pass alike (their digest is in the header)
     # (none in a mode where every rank scores with its own: ``Mode.shares_arguments``)
 
@@ -168,13 +172,12 @@ def unbound_call(spec: Spec, session: Session, seq: int, site: Site) -> Call:
 
 
 def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | None) -> Call:
-    cols = ", ".join(f"{c.name}:{CONTAINERS[c.container]}" for c in bound.columns) if bound else "?"
-    key = spec.key
+    columns = tuple([(c.name, CONTAINERS[c.container]) for c in bound.columns]) if bound is not None else None
+    key, digest = spec.key, spec.identity.digest
     if bound is not None and spec.identity.method and "self" in bound.shared:  # @synced_reward on a method
-        key = f"{key} of self{owner_config(bound.shared['self'])}"
-    schema = f"{key} per-sample columns [{cols}]{SITE}"
+        config, owner = owner_config(bound.shared["self"])
+        key, digest = f"{key} of self{config}", f"{digest}/{owner}"
     step = bound.step if bound is not None else NO_STEP
-    at = f" at step {step}" if step != NO_STEP else ""
     checked = None
     if bound is not None and spec.impl.shares_arguments:
         unchecked = spec.binder.unchecked
@@ -182,8 +185,9 @@ def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | No
             checked = {k: v for k, v in bound.shared.items() if k not in unchecked}
     shared = SharedValues(checked) if checked else _NOTHING_SHARED  # hashed here: before the call's turn
     # the path-independent site is compared; the user's file and line are shown (they may differ per rank)
-    fp = fingerprint(schema + site.key)
-    return Call(spec, session, seq, site, bound, fp, f"call #{seq}{at}: {schema}{site.shown}", shared)
+    schema = "\1".join(map("\0".join, columns)) if columns is not None else "?"
+    fp = fingerprint(f"{key}\0{digest}\0{schema}\0{site.key}")
+    return Call(spec, session, seq, site, bound, fp, Description(seq, step, key, digest, columns, site.shown), shared)
 
 
 def lost(call: Call, error: BaseException) -> Error:
@@ -200,13 +204,9 @@ def link(call: Call, channel: int) -> Link:
     return Link(call.session, channel, call.timeout, call.spec.name, call.description, call.shared)
 
 
-def _desc_bytes(call: Call) -> int:
-    return len(call.description.encode("utf-8", "backslashreplace"))
-
-
 def record(call: Call) -> CallCheck:
     """What this rank says of the call where no inbound header checked it (a reward group's hit)."""
-    return CallCheck(call.fp, call.seq, call.step, call.shared.digest, _desc_bytes(call))
+    return CallCheck(call.fp, call.seq, call.step, call.shared.digest, _NO_DESC)
 
 
 def encode(call: Call) -> Payload:
@@ -272,7 +272,7 @@ def header(call: Call, ok: bool, size: int, mode_word: int, dropped: tuple[str, 
         step=call.step,
         n=call.bound.n if call.bound is not None and ok else 0,
         size=size,
-        desc=_desc_bytes(call),
+        desc=_NO_DESC,
         mode_word=mode_word,
         mask=drop_mask(call.names, dropped),
         shared=call.shared.digest,

@@ -195,21 +195,15 @@ def _ranks(ranks: Sequence[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
-def column_differences(columns: Sequence[str]) -> list[str]:
-    """How the ranks' per-sample columns differ, one line per column, from each rank's ``[name:container, ...]``.
+def column_differences(columns: Sequence[Sequence[tuple[str, str]] | None]) -> list[str]:
+    """How the ranks' per-sample columns differ, one line per column, from each rank's ``(name, container)`` pairs.
 
     ``column 'scores' is a numpy array on rank 0 and a list on rank 1``; ``column 'solution' is passed on
-    rank 0 but not on rank 1``. Empty where a rank's columns are unknown (``[?]``: its arguments did not bind).
+    rank 0 but not on rank 1``. Empty where a rank's columns are unknown (``None``: its arguments did not bind).
     """
-    passed: list[dict[str, str]] = []
-    for text in columns:
-        inner = text.strip()[1:-1]
-        if inner == "?":
-            return []
-        try:
-            passed.append(dict(c.rsplit(":", 1) for c in inner.split(", ")) if inner else {})
-        except ValueError:  # a column name with ", " in it: the ranks' lines above say it all
-            return []
+    if any(cols is None for cols in columns):
+        return []
+    passed = [dict(cols) for cols in columns if cols is not None]
     lines = []
     for name in dict.fromkeys(n for cols in passed for n in cols):
         by_kind: dict[str, list[int]] = {}

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._codec import decode_value
+from ._description import Description
 from ._errors import CodecError, MismatchError, RemoteError, column_differences
 from ._outcome import Error, Value, add_note
 from ._session import Session
@@ -65,14 +66,13 @@ __all__ = [
     "INBOUND",
     "OUTBOUND",
     "SAME_CALLS",
-    "SITE",
     "Inbound",
     "Link",
     "Sized",
     "exchange_results",
 ]
 
-SITE = " called from "  # how a call's description names its call site (``_call.open_call``)
+_UNREADABLE = "<a description that cannot be read>"
 SAME_CALLS = "every rank must call the same synced functions in the same order"  # the root of every mismatch HINT
 
 
@@ -110,7 +110,7 @@ class Link:
     channel: int
     timeout: float
     function: str
-    description: str = ""
+    description: Description | None = None
     shared: SharedValues | None = None
 
     @property
@@ -238,30 +238,38 @@ class Link:
         arguments, every rank's values of them (:meth:`shared_mismatch`).
         """
         if not all(c.same_call(checks[0]) for c in checks[1:]):
-            return self.mismatch([c.desc_bytes for c in checks])
+            return self.mismatch()
         if self.shared is not None and not all(c.same_shared(checks[0]) for c in checks[1:]):
             return self.shared_mismatch()
         return None
 
-    def mismatch(self, desc_sizes: Sequence[int]) -> Error:
-        """Every rank learns what every rank called (``desc_sizes[r]``: the size of rank ``r``'s description)."""
-        blobs = self.broadcast_blobs(self.description.encode("utf-8", "backslashreplace"), desc_sizes)
-        texts = [b.decode(errors="replace") for b in blobs]
-        lines = [f"  rank {r}: {t}" for r, t in enumerate(texts)]
-        if len({_reward_of(t) for t in texts}) == 1:  # the same reward: say which column differs, and how
-            lines += [f"  {d}" for d in column_differences([_columns_of(t) for t in texts])]
+    def mismatch(self) -> Error:
+        """Every rank learns what every rank called: every rank's :class:`~syncreward._description.Description`.
+
+        Every rank enters it alike (from the headers or check records every rank received). One
+        ``all_gather`` of the encoded descriptions' sizes, then the descriptions; every rank raises the same
+        :class:`MismatchError`, one line per rank, naming the column that differs and what to do.
+        """
+        mine = self.description.encode() if self.description is not None else b""
+        sizes = self.all_gather([len(mine)])[:, 0].tolist()
+        found = [Description.decode(b) for b in self.broadcast_blobs(mine, sizes)]
+        lines = [f"  rank {r}: {d.text if d is not None else _UNREADABLE}" for r, d in enumerate(found)]
         hint = (
             f"{SAME_CALLS}, with the same per-sample columns (same names and container types), at the same training "
             "step (a call made on some ranks only, e.g. under `if rank == 0`, shifts every later call)."
         )
-        if len({t.rsplit(SITE, 1)[0] for t in texts}) == 1:  # the same call, made from different places
-            hint = (
-                "the ranks made the same call from different places in the code. If that is a call some ranks make "
-                "on their own (a callback or an evaluation under `if rank == 0`), make it on every rank or not at all; "
-                "if the ranks run different code on purpose (a Ray driver and a task), make every rank call the "
-                "synced function through one shared function."
-            )
-        elif len({_reward_of(t) for t in texts}) > 1 and len({_columns_of(t) for t in texts}) == 1:
+        known = [d for d in found if d is not None]  # a rank's that cannot be read: its line says so, no more
+        rewards = len({d.rewarded for d in known}) if len(known) == len(found) else 0
+        if rewards == 1:  # the same reward: say which column differs, and how
+            lines += [f"  {d}" for d in column_differences([d.columns for d in known])]
+            if len({d.call for d in known}) == 1:  # the same call, made from different places
+                hint = (
+                    "the ranks made the same call from different places in the code. If that is a call some ranks "
+                    "make on their own (a callback or an evaluation under `if rank == 0`), make it on every rank or "
+                    "not at all; if the ranks run different code on purpose (a Ray driver and a task), make every "
+                    "rank call the synced function through one shared function."
+                )
+        elif rewards > 1 and len({d.columns for d in known}) == 1:
             hint = (
                 "the ranks called different rewards, or copies of one reward configured differently (the part in "
                 "brackets), at the same point: call them in the same order on every rank. Where a reward's "
@@ -362,7 +370,7 @@ class Link:
         if headers.failed:
             return self.report_failures(headers.statuses, headers.sizes, error, blob)
         if not headers.agree:
-            return self.mismatch(headers.desc_sizes)
+            return self.mismatch()
         if not headers.shared_agree:
             return self.shared_mismatch()
         counts = headers.counts
@@ -391,18 +399,6 @@ class Link:
 def _where(row: np.ndarray) -> list[int]:
     """The indices where a route's row (or column) is true (for W-element rows: cheaper than ``np.flatnonzero``)."""
     return [i for i, x in enumerate(row.tolist()) if x]
-
-
-_COLUMNS = " per-sample columns "  # what follows the reward's identity in a call's description (``_call.open_call``)
-
-
-def _reward_of(description: str) -> str:
-    """The reward's identity and options in a call's description (``call #3 at step 1: <this> per-sample ...``)."""
-    return description.split(_COLUMNS, 1)[0].split(": ", 1)[-1]
-
-
-def _columns_of(description: str) -> str:
-    return description.rsplit(SITE, 1)[0].split(_COLUMNS, 1)[-1]
 
 
 def _blocks(header: bytes, payload: bytes | bytearray, counts: Sequence[int], mine: frozenset[int]) -> np.ndarray:

@@ -17,8 +17,10 @@ the name its script was imported under, the path its code lives at -- enters it:
   the ``__name__`` of the synced wrapper, read at each call; a lambda's or ``exec``'d function's
   name also carries a digest of its code (:func:`code_digest`). Plain values are written out by
   :func:`plain_repr`, which never includes a memory address, a ``set``'s order or an object's
-  ``repr()``; other values stand for their type's name only. So two rewards that differ only in
-  non-plain state (two instances holding different models) are not told apart.
+  ``repr()``; other values stand for their type's name only. That text is shown and compared; beside it,
+  :attr:`Identity.digest` compares the configuration whole (the text cuts long values short) under
+  ``_canonical``'s :data:`~syncreward._canonical.EXACT` rule (``1``, ``1.0`` and ``True`` differ). So two
+  rewards that differ only in non-plain state (two instances holding different models) are not told apart.
 * :func:`call_site` (every call): the module, function and line (relative to the function's first
   line, so edits elsewhere in a file do not matter) and the call instruction's offset of the code that
   called the synced function; for code without a file of its own (``exec``, a notebook cell), a
@@ -45,12 +47,15 @@ import weakref
 from types import FrameType
 from typing import Any
 
+from ._canonical import EXACT, Budget, NotPlain, Opaque, to_bytes
+
 __all__ = [
     "NO_CALLER",
     "Identity",
     "Site",
     "call_site",
     "code_digest",
+    "config_digest",
     "config_repr",
     "features",
     "innermost",
@@ -108,6 +113,60 @@ def _repr(value: Any, depth: int, config: bool) -> str:
     return f"<{type(value).__qualname__}>"
 
 
+def _comparable(value: Any, left: list[int], depth: int = 0) -> Any:
+    """A reward's configuration value as it is compared between ranks: ``_canonical``'s plain data.
+
+    What :func:`config_repr` writes out, but whole (no value is cut short) and exact (``_canonical``'s
+    :data:`~syncreward._canonical.EXACT` rule: ``1``, ``1.0`` and ``True`` differ, as in the text); what
+    differs between ranks by design is left out alike (per-rank keys; a device string is ``<device>``), and
+    what has no canonical bytes stands for its name (:class:`~syncreward._canonical.Opaque`: an object by its
+    type, an enum member by its type and name). ``left``: elements left to convert; past them, :class:`NotPlain`.
+    """
+    left[0] -= 1
+    t = type(value)
+    if value is None or t in _EXACT_SCALARS:
+        if t is str and len(value) <= 32 and _DEVICE.fullmatch(value):
+            return _AT_DEVICE
+        return value
+    if isinstance(value, enum.Enum):
+        return Opaque(f"{type(value).__qualname__}.{value.name}")
+    if depth < _MAX_COMPARED_DEPTH and isinstance(value, (list, tuple, dict)):
+        left[0] -= len(value)
+        if left[0] < 0:
+            raise NotPlain("the configuration is too large to compare whole")
+        if isinstance(value, list):
+            return [_comparable(v, left, depth + 1) for v in value]
+        if isinstance(value, tuple):  # a NamedTuple: as a tuple
+            return tuple(_comparable(v, left, depth + 1) for v in value)
+        if all(isinstance(k, str) for k in value):
+            return {str(k): _comparable(v, left, depth + 1) for k, v in value.items() if not _per_rank(k)}
+    if isinstance(value, (int, float, str, bytes)):  # a subclass (a str subclass, a numpy scalar): its repr
+        return Opaque(f"{type(value).__qualname__}:{value!r}")
+    return Opaque(type(value).__qualname__)
+
+
+_EXACT_SCALARS = frozenset({bool, int, float, str, bytes})
+_AT_DEVICE = Opaque("<device>")
+_MAX_COMPARED_DEPTH = 16  # deeper values stand for their type (a self-referencing list ends here)
+# a configuration larger than this is compared by its text only (a closure over a dataset)
+_COMPARED = Budget(items=1 << 16, size=4 << 20, depth=_MAX_COMPARED_DEPTH + 1)
+
+
+def config_digest(found: dict[str, Any]) -> str:
+    """A digest of a configuration (``{name: value}``, as :func:`_comparable` compares it), alike on every rank.
+
+    ``""`` when it is empty or too large to compare whole (then its text, :func:`config_repr`, is compared).
+    """
+    if not found:
+        return ""
+    try:
+        left = [_COMPARED.items]
+        raw = to_bytes({k: _comparable(v, left) for k, v in found.items()}, EXACT, _COMPARED)
+    except NotPlain:
+        return ""
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
 def _per_rank(name: str) -> bool:
     """Whether a configuration name says its value is private or placed per rank (see :func:`config_repr`)."""
     return name.startswith("_") or not _PER_RANK_WORDS.isdisjoint(_WORD.split(name.lower()))
@@ -123,8 +182,11 @@ _PER_RANK_WORDS = frozenset(
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu|npu|hpu|mlu|musa|xla|meta|ipu|mtia|privateuseone)(:\d+)?")
 
 
-def _attributes(obj: Any) -> dict[str, str]:
-    """An object's configuration: its public instance attributes, as :func:`config_repr` writes them."""
+def _attributes(obj: Any) -> dict[str, Any]:
+    """An object's configuration: its public instance attributes, as found.
+
+    :func:`config_repr` writes them for the text, :func:`_comparable` for the digest.
+    """
     try:
         attrs = vars(obj)
     except TypeError:  # no __dict__ (slots, builtins)
@@ -132,7 +194,7 @@ def _attributes(obj: Any) -> dict[str, str]:
         attrs = {s: getattr(obj, s) for s in slots if hasattr(obj, s)}
     if not isinstance(attrs, dict):
         return {}
-    return {f".{k}": config_repr(v) for k, v in attrs.items() if isinstance(k, str) and not _per_rank(k)}
+    return {f".{k}": v for k, v in attrs.items() if isinstance(k, str) and not _per_rank(k)}
 
 
 def module_name(module: Any) -> Any:
@@ -175,23 +237,24 @@ def reward_target(fn: Any) -> tuple[Any, Any]:
     return target, None
 
 
-def features(fn: Any) -> tuple[str, dict[str, str]]:
+def features(fn: Any) -> tuple[str, dict[str, Any]]:
     """``(qualified name, configuration)`` of a reward: what tells it from another copy of the same code.
 
     The qualified name is the function's, or the callable instance's class's (module included, the
     script's as ``__main__``). The configuration is a ``functools.partial``'s plain arguments (outermost
     partial first), the values a closure captured (``make_reward(target)``'s inner function) and the
     public attributes of a callable instance or of a bound method's object, as :func:`config_repr`
-    writes them, less every entry whose name is private or per rank (:func:`_per_rank`).
+    writes them, less every entry whose name is private or per rank (:func:`_per_rank`). The values are
+    returned as found: :func:`config_repr` writes them for the text, :func:`_comparable` for the digest.
     """
-    found: dict[str, str] = {}
+    found: dict[str, Any] = {}
     inner, layer = fn, 0
     while isinstance(inner, functools.partial):
         for i, a in enumerate(inner.args):
-            found[f"partial{layer}.arg{i}"] = config_repr(a)
+            found[f"partial{layer}.arg{i}"] = a
         for k, v in inner.keywords.items():
             if not _per_rank(k):
-                found[f"partial{layer}.{k}"] = config_repr(v)
+                found[f"partial{layer}.{k}"] = v
         inner, layer = inner.func, layer + 1
     target, configured = reward_target(inner)
     code = getattr(target, "__code__", None)
@@ -200,7 +263,7 @@ def features(fn: Any) -> tuple[str, dict[str, str]]:
         if _per_rank(name):
             continue
         with contextlib.suppress(ValueError):  # an empty cell
-            found[f"closure.{name}"] = config_repr(cell.cell_contents)  # a factory's make_reward(target=10)
+            found[f"closure.{name}"] = cell.cell_contents  # a factory's make_reward(target=10)
     if configured is not None:
         found.update(_attributes(configured))
     qualified = _qualified(target)
@@ -218,10 +281,11 @@ class Identity:
     (:func:`features`, taken when it is decorated) -- never of what else this process decorated, still
     holds alive or has collected -- plus the ``__name__`` of the synced wrapper, read at each call
     (:meth:`named_by`): TRL logs rewards by it, and ``judge.__name__ = "judge_small"`` after decorating
-    tells two otherwise equal judges apart.
+    tells two otherwise equal judges apart. :meth:`key` is the text (shown and compared); :attr:`digest`
+    (:func:`config_digest`) is compared beside it.
     """
 
-    __slots__ = ("_base", "_key", "_name", "_named", "_short", "method")
+    __slots__ = ("_base", "_key", "_name", "_named", "_short", "digest", "method")
 
     def __init__(self, fn: Any, display_name: str) -> None:
         base, found = features(fn)
@@ -235,7 +299,9 @@ class Identity:
             and "." in fn.__qualname__
             and not fn.__qualname__.endswith("<locals>." + fn.__name__)
         )
-        self._base = base + ("[" + ", ".join(f"{k}={v}" for k, v in found.items()) + "]" if found else "")
+        self._base = base + ("[" + ", ".join(f"{k}={config_repr(v)}" for k, v in found.items()) + "]" if found else "")
+        # what is compared beside the text: the configuration whole and exact (the text cuts long values short)
+        self.digest = config_digest(found)
         self._short = base.split("#", 1)[0].rsplit(".", 1)[-1]  # the name it is logged by unless renamed
         self._named: Any = None
         self._name = display_name
@@ -259,31 +325,33 @@ class Identity:
         return text if len(text) <= MAX_REPR else f"{text[:MAX_REPR]}...<{len(text)} chars>"
 
 
-_owners: dict[int, tuple[Any, str]] = {}  # id(object) -> (a weak reference to it, its configuration)
+_owners: dict[int, tuple[Any, tuple[str, str]]] = {}  # id(object) -> (a weak reference to it, its configuration)
 
 
-def owner_config(obj: Any) -> str:
-    """The configuration of the object a method decorated in its class body is called on, as ``[.k=v, ...]``.
+def owner_config(obj: Any) -> tuple[str, str]:
+    """The configuration of the object a method decorated in its class body is called on: ``(text, digest)``.
 
-    Like a callable instance's (:func:`features`), taken once per object -- at its first synced call, before
-    any rank has scored with it -- so state the method changes later (a call counter, on the scoring rank
-    only) never enters it.
+    The text is ``[.k=v, ...]`` (:func:`config_repr`), the digest :func:`config_digest`'s. Like a callable
+    instance's (:func:`features`), taken once per object -- at its first synced call, before any rank has
+    scored with it -- so state the method changes later (a call counter, on the scoring rank only) never
+    enters it.
     """
     entry = _owners.get(id(obj))
     if entry is not None and entry[0]() is obj:
         return entry[1]  # type: ignore[no-any-return]
     attrs = _attributes(obj)
-    text = "[" + ", ".join(f"{k}={v}" for k, v in attrs.items()) + "]" if attrs else ""
+    text = "[" + ", ".join(f"{k}={config_repr(v)}" for k, v in attrs.items()) + "]" if attrs else ""
+    found = (text, config_digest(attrs))
     try:
         ref = weakref.ref(obj)
     except TypeError:  # not weakly referenceable (slots without __weakref__): taken at every call
-        return text
+        return found
     if len(_owners) >= 4096:
         for key in [k for k, (r, _) in _owners.items() if r() is None]:
             _owners.pop(key, None)
     if len(_owners) < 4096:
-        _owners[id(obj)] = (ref, text)
-    return text
+        _owners[id(obj)] = (ref, found)
+    return found
 
 
 # --------------------------------------------------------------------------------------------- call site

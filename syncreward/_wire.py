@@ -31,7 +31,6 @@ The header every rank sends every other rank at the start of a call (int64 words
 
 from __future__ import annotations
 
-import array
 import hashlib
 import struct
 import traceback
@@ -42,6 +41,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from ._canonical import EXACT, Budget, NotPlain, encode
 from ._codec import decode_value, encode_value
 from ._errors import CodecError
 
@@ -296,109 +296,33 @@ MAX_SHARED_BYTES = 64 << 10  # ... nor one whose canonical bytes are longer (a h
 MAX_REPORT_NAMES = 256  # a disagreement report lists at most this many arguments
 _SHORT = 60  # characters of a value's repr shown in the disagreement message
 _LEN = struct.Struct("<Q")
-_F64 = struct.Struct("<d")
 _NOT_CHECKED = b"?"  # an argument present, but not plain: its presence counts, not its value
 _FLAT = frozenset({type(None), bool, int, float, str, bytes})  # exact types whose repr is their exact value
-_FLOATS = frozenset({float})
-_STR = frozenset({str})
-_REPR_SCALARS = _FLAT - {int}  # an int may be past repr()'s digit limit: it goes by its bytes
 
 
 def shared_key(value: Any) -> bytes | None:
     """The canonical bytes of a plain shared value, or ``None`` when it is not plain (then it is not checked).
 
-    Plain: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes`` (exact types, not subclasses), numpy
-    scalars of numbers, bytes or str, and lists, tuples and dicts of plain values, with at most
-    ``MAX_SHARED_ITEMS`` elements and ``MAX_SHARED_BYTES`` bytes in all. Equal values give equal bytes on
-    every rank: a float is its exact value (its 8 bytes, or its ``repr`` -- exact -- in a list of mixed
-    scalars; ``-0.0`` and ``0.0`` differ), a list differs from a tuple (the function sees which), and a
-    dict's entries are taken in key order (insertion order is not part of its value). Which encoding a
-    value gets depends only on its types, so equal values on two ranks always get the same one.
+    ``_canonical``'s :data:`~syncreward._canonical.EXACT` rule: one rank's value scores every rank's
+    samples, so two values are the same only where the function cannot tell them apart (``1``, ``1.0`` and
+    ``True`` differ, as do ``-0.0`` and ``0.0``, a list and a tuple; subclasses and arrays are not plain),
+    with at most ``MAX_SHARED_ITEMS`` elements and ``MAX_SHARED_BYTES`` bytes in all.
     """
     out = bytearray()
     return bytes(out) if _append_key(value, out) else None
 
 
+_SHARED_BUDGET = Budget(MAX_SHARED_ITEMS, MAX_SHARED_BYTES, 32)
+
+
 def _append_key(value: Any, out: bytearray) -> bool:
     """Append :func:`shared_key` of ``value`` to ``out``; ``False`` (and ``out`` as it was) if it has none."""
-    start = len(out)
-    if type(value) in _REPR_SCALARS:  # the common shape (a threshold, a name): its repr, exact for these
-        raw = repr(value).encode("utf-8", "surrogatepass")
-        if len(raw) > MAX_SHARED_BYTES:
-            return False
-        out += b"r" + _LEN.pack(len(raw)) + raw
-        return True
     try:
-        plain = _put(value, out, [MAX_SHARED_ITEMS, start + MAX_SHARED_BYTES], 0)
+        encode(value, out, EXACT, _SHARED_BUDGET)
+    except NotPlain:
+        return False
     except Exception:  # never seen; a value that cannot be read is not checked rather than fail the call
-        plain = False
-    if plain and len(out) <= start + MAX_SHARED_BYTES:
-        return True
-    del out[start:]
-    return False
-
-
-def _put(v: Any, out: bytearray, left: list[int], depth: int) -> bool:
-    """Append ``v``'s canonical bytes; ``left``: [elements left, where ``out`` must end at most]."""
-    left[0] -= 1
-    if left[0] < 0 or depth > 32 or len(out) > left[1]:
-        return False
-    t = type(v)
-    if v is None:
-        out += b"N"
-    elif t is bool:
-        out += b"T" if v else b"F"
-    elif t is int:
-        raw = v.to_bytes(v.bit_length() // 8 + 1, "little", signed=True)
-        out += b"i" + _LEN.pack(len(raw)) + raw
-    elif t is float:
-        out += b"f" + _F64.pack(v)
-    elif t is str:
-        raw = v.encode("utf-8", "surrogatepass")
-        out += b"s" + _LEN.pack(len(raw)) + raw
-    elif t is bytes:
-        out += b"b" + _LEN.pack(len(v)) + v
-    elif t is list or t is tuple:
-        left[0] -= len(v)
-        if left[0] < 0:
-            return False
-        types = set(map(type, v))
-        if types <= _FLAT:  # the common shapes (a list of weights, of labels): one pass in C
-            try:
-                raw = array.array("d", v).tobytes() if types == _FLOATS else repr(v).encode("utf-8", "surrogatepass")
-            except ValueError:  # an int past str()'s digit limit
-                return False
-            out += (b"D" if types == _FLOATS else b"R") + (b"l" if t is list else b"t") + _LEN.pack(len(raw)) + raw
-            return True
-        left[0] += len(v)  # counted again one by one
-        out += (b"l" if t is list else b"t") + _LEN.pack(len(v))
-        return all(_put(x, out, left, depth + 1) for x in v)
-    elif t is dict:
-        if set(map(type, v)) <= _STR:  # the common shape (a config): keys in sorted order
-            left[0] -= 2 * len(v)
-            if left[0] < 0:
-                return False
-            if set(map(type, v.values())) <= _FLAT:  # ... of scalars: one repr, in C
-                raw = repr(sorted(v.items())).encode("utf-8", "surrogatepass")
-                out += b"E" + _LEN.pack(len(raw)) + raw
-                return True
-            left[0] += 2 * len(v)  # counted again one by one
-            out += b"e" + _LEN.pack(len(v))
-            return all(_put(k, out, left, depth + 1) and _put(v[k], out, left, depth + 1) for k in sorted(v))
-        entries = []
-        for k, x in v.items():
-            key, item = bytearray(), bytearray()
-            if not (_put(k, key, left, depth + 1) and _put(x, item, left, depth + 1)):
-                return False
-            entries.append((bytes(key), bytes(item)))
-        out += b"d" + _LEN.pack(len(entries))
-        for pair in sorted(entries):  # in the order of their bytes: any keys, the same order on every rank
-            out += pair[0] + pair[1]
-    elif isinstance(v, np.generic) and v.dtype.kind in "biufcSU":
-        code = v.dtype.str.encode()
-        out += b"n" + _LEN.pack(len(code)) + code + v.tobytes()
-    else:
-        return False
+        return False  # (``encode`` leaves ``out`` as it was on NotPlain only)
     return True
 
 

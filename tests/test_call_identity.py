@@ -478,6 +478,16 @@ def test_ranks_whose_code_lives_at_different_paths_agree(runner: str, tmp_path: 
 # --------------------------------------------------------------------------------------------- pure parts
 
 
+def test_copies_that_differ_past_what_their_text_shows_raise_on_every_rank() -> None:
+    """A configuration is compared whole: a long prompt that differs past its shown 256 characters still differs."""
+    prefix = "You are a strict grader. " * 12  # 300 characters
+    first = synced_reward(functools.partial(target_reward, target=prefix + "a"), timeout=30)
+    second = synced_reward(functools.partial(target_reward, target=prefix + "b"), timeout=30)
+    results = _swapped(first, second)
+    _every_rank_raised(results)
+    assert "copies of one reward configured differently" in results[0][0][1]
+
+
 def test_plain_repr_never_holds_a_memory_address() -> None:
     obj = object()
     text = plain_repr({"model": obj, "k": [1, 2.5, "x", None, (True,)], "s": {3, 1}})
@@ -552,13 +562,15 @@ def test_call_site_of_code_without_a_file_holds_a_digest_of_its_code() -> None:
 
 def test_code_digest_does_not_depend_on_the_process_hash_salt(tmp_path: Any) -> None:
     source = "def f(x):\n    return x in {'a', 'b', 'c', 'd'} and (lambda: x.upper())()\n"
-    identity = os.path.join(os.path.dirname(syncreward.__file__), "_identity.py")  # standalone: no torch to import
-    script = (
-        "import importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('identity', {identity!r})\n"
-        "module = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(module)\n"
-        f"print(module.code_digest(compile({source!r}, '<cell>', 'exec')))\n"
+    package = os.path.dirname(syncreward.__file__)
+    script = (  # the package's modules without its __init__: no torch to import
+        "import sys, types\n"
+        "package = types.ModuleType('syncreward')\n"
+        f"package.__path__ = [{package!r}]\n"
+        "sys.modules['syncreward'] = package\n"
+        "from syncreward._identity import code_digest\n"
+        "assert 'torch' not in sys.modules\n"
+        f"print(code_digest(compile({source!r}, '<cell>', 'exec')))\n"
     )
     digests = set()
     for seed in ("1", "2", "3"):

@@ -51,3 +51,9 @@ def test_mismatch_names_every_differing_column_on_three_ranks() -> None:
     msg = mismatch_messages(columns, 3)[0]
     assert "column 'scores' is a list on rank 0 and a tuple on rank 1, and not passed on rank 2" in msg, msg
     assert "column 'extra' is passed on rank 1 but not on ranks 0, 2" in msg, msg
+
+
+def test_mismatch_names_a_column_whose_name_holds_a_comma_and_a_colon() -> None:
+    """The ranks' columns travel as (name, container) pairs: no name can be mistaken for the list's punctuation."""
+    (msg, _) = mismatch_messages(lambda rank: {"score, v2:list": np.array([1.0]) if rank == 0 else [1.0]}, 2)
+    assert "\n  column 'score, v2:list' is a numpy array on rank 0 and a list on rank 1\n" in msg, msg

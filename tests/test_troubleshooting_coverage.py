@@ -37,8 +37,6 @@ NOT_USER_MESSAGES = {  # (file, enclosing function, type): why the site needs no
     ("_call.py", "open_call", "MismatchError"): "re-raises a message the session built (its entries cover it)",
     ("_demo.py", "run_demo", "ValueError"): "the demo's command line (`python -m syncreward demo --help`)",
     ("_lifecycle.py", "call_async", "MismatchError"): "re-raises the session's message for ambiguous async calls",
-    ("_keys.py", "_canonical", "TypeError"): "caught by group_keys, which raises the InputError quoted",
-    ("_keys.py", "_canonical_other", "TypeError"): "caught by group_keys, which raises the InputError quoted",
     ("testing.py", "exchange", "CommunicationError"): (
         "the test double repeats a failure of another thread-rank; run_threads reports it under RanksFailed"
     ),
