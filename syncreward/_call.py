@@ -21,6 +21,7 @@ import torch
 from ._batch import CPU, encodable, merge_frames
 from ._binding import Binder, Bound
 from ._codec import C_TENSOR, CONTAINERS, encode_frame
+from ._deadline import Deadline
 from ._errors import MismatchError
 from ._exchange import INBOUND, SITE, Inbound, Link
 from ._identity import Identity, Site, owner_config
@@ -107,6 +108,7 @@ class Call:
     description: str
     shared: SharedValues  # the shared arguments every rank must pass alike (their digest is in the header)
     # (none in a mode where every rank scores with its own: ``Mode.shares_arguments``)
+    deadline: Deadline  # when the call must be over on this rank (``timeout=`` from its opening): every wait's end
 
     @property
     def rank(self) -> int:
@@ -115,10 +117,6 @@ class Call:
     @property
     def world_size(self) -> int:
         return self.session.world_size
-
-    @property
-    def timeout(self) -> float:
-        return self.spec.options.timeout
 
     @property
     def step(self) -> int:
@@ -141,6 +139,7 @@ def open_call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     problem: str | None,
+    deadline: Deadline,
 ) -> tuple[Call, Value[Payload] | Error]:
     """Bind the arguments, fingerprint the call, let the mode prepare its payload (or fail: an ``Error``)."""
     # A failure only this rank knows of -- it failed to read an earlier call's results (``lost``), or this
@@ -152,8 +151,8 @@ def open_call(
     try:
         bound = spec.binder.bind(args, kwargs)
     except Exception as e:
-        return unbound_call(spec, session, seq, site), Error(mine if mine is not None else e)
-    call = _build(spec, session, seq, site, bound)
+        return unbound_call(spec, session, seq, site, deadline), Error(mine if mine is not None else e)
+    call = _build(spec, session, seq, site, bound, deadline)
     if mine is not None:
         return call, Error(mine)
     try:  # before the turn: an interrupt is raised at once (the lifecycle finishes the call)
@@ -162,12 +161,12 @@ def open_call(
         return call, Error(e)
 
 
-def unbound_call(spec: Spec, session: Session, seq: int, site: Site) -> Call:
+def unbound_call(spec: Spec, session: Session, seq: int, site: Site, deadline: Deadline) -> Call:
     """A call whose arguments could not be bound (it can only fail, on every rank)."""
-    return _build(spec, session, seq, site, None)
+    return _build(spec, session, seq, site, None, deadline)
 
 
-def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | None) -> Call:
+def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | None, deadline: Deadline) -> Call:
     cols = ", ".join(f"{c.name}:{CONTAINERS[c.container]}" for c in bound.columns) if bound else "?"
     key = spec.key
     if bound is not None and spec.identity.method and "self" in bound.shared:  # @synced_reward on a method
@@ -183,7 +182,7 @@ def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | No
     shared = SharedValues(checked) if checked else _NOTHING_SHARED  # hashed here: before the call's turn
     # the path-independent site is compared; the user's file and line are shown (they may differ per rank)
     fp = fingerprint(schema + site.key)
-    return Call(spec, session, seq, site, bound, fp, f"call #{seq}{at}: {schema}{site.shown}", shared)
+    return Call(spec, session, seq, site, bound, fp, f"call #{seq}{at}: {schema}{site.shown}", shared, deadline)
 
 
 def lost(call: Call, error: BaseException) -> Error:
@@ -197,7 +196,7 @@ def lost(call: Call, error: BaseException) -> Error:
 
 def link(call: Call, channel: int) -> Link:
     """The call's transfers on ``channel`` (``_exchange.INBOUND`` or ``OUTBOUND``)."""
-    return Link(call.session, channel, call.timeout, call.spec.name, call.description, call.shared)
+    return Link(call.session, channel, call.deadline, call.spec.name, call.description, call.shared)
 
 
 def _desc_bytes(call: Call) -> int:

@@ -214,10 +214,10 @@ def synced_reward(
         backend: ``"auto"`` (resolved at call time: a joined Ray group, then accelerate, then
             torch.distributed, else one process), ``"local"``, ``"torch"``, ``"accelerate"``, ``"ray"``,
             or an object implementing ``Backend``.
-        timeout: seconds a rank waits for the others at one step of a call (for their inputs, or for the
-            scoring rank's results); default 1800 (30 minutes, torch.distributed's default). A rank that
-            does not arrive in time is named in a ``SyncTimeoutError`` on
-            every rank that did.
+        timeout: seconds one call may take on a rank, from the moment it is called to its results: one
+            deadline per call, which every wait of the call (its turn, the others' inputs, the scoring
+            rank's work and results) shares; default 1800 (30 minutes, torch.distributed's default). A
+            rank that does not arrive in time is named in a ``SyncTimeoutError`` on every rank that did.
         group_size: with ``mode="shard"``: consecutive global samples form groups of this size (TRL's
             ``num_generations``).
         group_by: with ``mode="shard"``: samples with equal values in this per-sample column form a group,

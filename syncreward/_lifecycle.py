@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from ._call import Call, Inputs, Payload, Spec, open_call, unbound_call
+from ._deadline import Deadline
 from ._errors import MismatchError, call_words, reason_of, stuck_error
 from ._identity import NO_CALLER, Site
 from ._modes._base import Scoring
@@ -120,13 +121,14 @@ def _open(
     is_async: bool,
     task: tuple[Any, str, Any, Any] | None = None,
 ) -> tuple[Call, _Sequence]:
+    deadline = Deadline(spec.options.timeout)  # the call's one clock: every wait of it ends by then
     session = session_for(backend, spec.name)
     seq, problem = session.open(is_async, task)
     try:
-        call, payload = open_call(spec, session, seq, site, args, kwargs, problem)
+        call, payload = open_call(spec, session, seq, site, args, kwargs, problem, deadline)
     except BaseException:  # KeyboardInterrupt while binding: the sequence number is taken, so finish the call
         session.finish(seq)
-        unbound = unbound_call(spec, session, seq, site)
+        unbound = unbound_call(spec, session, seq, site, deadline)
         interrupted = KeyboardInterrupt("synced call interrupted while preparing")
         _abandon(unbound, _sequence(unbound, Error(interrupted)), None, interrupted)
         raise
@@ -170,7 +172,7 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
             if isinstance(request, _Score):
                 got = _score(spec.fn, request)
             else:
-                got = session.step(request.channel, seq, request.step, call.timeout, name)
+                got = session.step(request.channel, seq, request.step, call.deadline, name)
             request = sequence.send(got)
     except StopIteration as done:
         outcome: Outcome[Any] = done.value
@@ -243,14 +245,14 @@ async def _steps_async(spec: Spec, call: Call, sequence: _Sequence) -> Any:
 
 
 async def _wait(fut: Future[Outcome[Any]], call: Call, channel: int) -> Outcome[Any]:
-    """Await a submitted step; a step whose turn does not come within the timeout breaks the session."""
+    """Await a submitted step; a step whose turn does not come by the call's deadline breaks the session."""
     wrapped = asyncio.wrap_future(fut)
     try:
-        return await asyncio.wait_for(asyncio.shield(wrapped), call.timeout)
+        return await asyncio.wait_for(asyncio.shield(wrapped), call.deadline.left())
     except asyncio.TimeoutError:
         if not call.session.withdraw(channel, call.seq):
-            return await wrapped  # it is exchanging: the backend bounds that by the timeout
-    error = stuck_error(call_words(call.seq, call.spec.name), call.timeout)
+            return await wrapped  # it is exchanging: the backend bounds that by the call's deadline
+    error = stuck_error(call_words(call.seq, call.spec.name), call.deadline.timeout)
     call.session.break_(reason_of(error))
     return Error(error)
 

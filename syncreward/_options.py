@@ -24,7 +24,7 @@ GatherModeName = Literal["main", "replicate"]
 """The names of the modes that gather the whole batch (``GatherMode``), which can run a reward group."""
 
 DEFAULT_TIMEOUT = 1800.0
-"""Seconds a rank waits for the others in one exchange step (torch.distributed's default, 30 minutes)."""
+"""Seconds one synced call may take on a rank, from its start to its end (torch.distributed's default, 30 minutes)."""
 MAX_TIMEOUT = 1e7
 """The longest ``timeout`` accepted (about 115 days): longer waits overflow the transports' clocks."""
 

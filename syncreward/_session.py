@@ -39,6 +39,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from ._deadline import Deadline
 from ._errors import (
     BackendError,
     CommunicationError,
@@ -254,15 +255,19 @@ class Session:
 
         return run
 
-    def step(self, channel: int, seq: int, step: Callable[[], Outcome[T]], timeout: float, function: str) -> Outcome[T]:
+    def step(
+        self, channel: int, seq: int, step: Callable[[], Outcome[T]], deadline: Deadline, function: str
+    ) -> Outcome[T]:
         """Run one collective step of call ``seq`` (of ``function``) in its turn, in this thread; its outcome.
+
+        The wait for the turn ends at the call's ``deadline`` (the step's transfers are bounded by it too).
 
         The step's collective failure is its ``Error``; a transport failure is an ``Error`` too, in the
         call's words (and the session is broken). Nothing is raised: the lifecycle settles what it gets.
         """
         guarded = self._guarded(seq, step, function, channel)
         try:
-            return self.turns[channel].run(seq, guarded, timeout, call_words(seq, function))
+            return self.turns[channel].run(seq, guarded, deadline, call_words(seq, function))
         except BaseException as e:  # an interrupt while this thread waited for the turn
             # the turn is never taken now, so no later call of this rank can get its own: break at once
             self.break_(

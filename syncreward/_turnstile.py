@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from ._deadline import Deadline
 from ._errors import GroupBrokenError, reason_of, stuck_error
 from ._outcome import Error, Outcome
 from ._workers import POOL
@@ -58,16 +59,15 @@ class Turnstile:
         self._latch = latch
         self._on_break = on_break
 
-    def run(self, seq: int, step: Callable[[], Outcome[T]], timeout: float, call: str) -> Outcome[T]:
+    def run(self, seq: int, step: Callable[[], Outcome[T]], deadline: Deadline, call: str) -> Outcome[T]:
         """Wait (in this thread) for ``seq``'s turn, run ``step`` here, release the turn; the step's outcome.
 
-        A broken latch, or a turn that does not come within ``timeout``, is an ``Error`` (the latter
-        breaks the session). ``call`` names the call in errors (:func:`call_words`).
+        A broken latch, or a turn that does not come by the call's ``deadline``, is an ``Error`` (the
+        latter breaks the session). ``call`` names the call in errors (:func:`call_words`).
         """
-        deadline = time.monotonic() + timeout
         with self._lock:
             while not (self._next == seq and not self._busy) and self._latch.reason is None:
-                left = deadline - time.monotonic()
+                left = deadline.end - time.monotonic()
                 if left <= 0:
                     break
                 self._sleepers += 1
@@ -82,7 +82,7 @@ class Turnstile:
         if broken:
             return Error(self._latch.error(call))
         if not ready:
-            error = stuck_error(call, timeout)
+            error = stuck_error(call, deadline.timeout)
             self._on_break(reason_of(error))
             return Error(error)
         try:

@@ -75,6 +75,7 @@ from .._errors import (
     GroupBrokenError,
     SyncTimeoutError,
     first_line,
+    seconds,
     timeout_message,
 )
 
@@ -303,7 +304,8 @@ def _make_coordinator_class() -> Any:
                     if not slot.event.is_set():
                         missing = [r for r in range(self.world_size) if slot.parts[r] is None]
                         self._break(
-                            f"rank(s) {missing} of Ray group {self.group!r} did not arrive within timeout={timeout:g}s",
+                            f"rank(s) {missing} of Ray group {self.group!r} did not arrive within "
+                            f"timeout={seconds(timeout)}s",
                             TIMEOUT,
                             missing_of=True,
                         )
