@@ -54,13 +54,14 @@ _NOTHING_SHARED = SharedValues({})  # a call without shared arguments to check (
 class Hooks(Protocol):
     """What the lifecycle asks of a call's mode (``_modes._base.Mode``: the contract, documented there)."""
 
+    name: str
     shares_arguments: bool
 
     def prepare(self, call: Call) -> Payload: ...
 
-    def inbound(self, call: Call, payload: Outcome[Payload]) -> Value[Any] | Error: ...
+    def route_inputs(self, call: Call, payload: Outcome[Payload]) -> Value[Any] | Error: ...
 
-    def outbound(self, call: Call, scoring: Any, result: Outcome[Any]) -> Outcome[Any]: ...
+    def route_results(self, call: Call, scoring: Any, result: Outcome[Any]) -> Outcome[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,9 @@ class Spec:
     @property
     def key(self) -> str:
         o = self.options
-        group = f", group_size={o.group_size}" if o.group_size else ""
-        group += f", group_by={o.group_by!r}" if o.group_by else ""
+        own = "".join(f", {k}={v!r}" for k, v in o.mode_options)  # the mode's own options given (``Mode.options``)
         pickle = ", allow_pickle=True" if o.allow_pickle else ""
-        return f"{self.identity.key()}(mode={o.mode!r}{group}{pickle})"
+        return f"{self.identity.key()}(mode={o.mode!r}{own}{pickle})"
 
 
 @dataclass(frozen=True)

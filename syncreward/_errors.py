@@ -127,6 +127,13 @@ class SyncTimeoutError(CommunicationError, TimeoutError):
         return (type(self), (*self.args[:1], self.missing_ranks), self.__dict__)
 
 
+class ModeContractError(SyncRewardError):
+    """A mode broke the mode contract (``_modes._base``): a bug in the mode, not in the user's code.
+
+    Not exported: only a mode author meets it. The step it is raised in breaks the group at once.
+    """
+
+
 def seconds(t: float) -> str:
     """Seconds as messages show them: a call's deadline leaves a wait ``1.9987`` s of ``timeout=2``, shown ``2``."""
     return f"{round(t, 1):g}"

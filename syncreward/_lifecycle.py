@@ -44,7 +44,7 @@ from ._call import Call, Inputs, Payload, Spec, open_call, unbound_call
 from ._deadline import Deadline
 from ._errors import MismatchError, call_words, reason_of, stuck_error
 from ._identity import NO_CALLER, Site
-from ._modes._base import Scoring
+from ._modes._base import Scoring, inputs_turn, results_turn
 from ._outcome import Error, Outcome, Value, capture, settle
 from ._session import live_sessions, session_for
 from ._wire import INBOUND, OUTBOUND
@@ -100,7 +100,7 @@ def _sequence(call: Call, payload: Outcome[Payload]) -> _Sequence:
     """One call, start to end, for every driver; returns the call's outcome on this rank."""
     mode, session = call.spec.impl, call.session
     mine = payload.error if isinstance(payload, Error) else None  # this rank's own failure, once it has one
-    got = yield _Exchange(INBOUND, lambda: mode.inbound(call, payload))
+    got = yield _Exchange(INBOUND, lambda: inputs_turn(mode, call, payload))
     if isinstance(got, Error):  # failed on every rank (or the session broke): no rank takes its channel-1 turn
         session.skip(OUTBOUND, call.seq)
         return settle(mine, got)
@@ -108,7 +108,7 @@ def _sequence(call: Call, payload: Outcome[Payload]) -> _Sequence:
     result = yield _Score(scoring.inputs)
     if isinstance(result, Error):
         mine = result.error  # the function's exception, or this rank's inputs' failure: it travels, then wins here
-    got = yield _Exchange(OUTBOUND, lambda: mode.outbound(call, scoring, result))
+    got = yield _Exchange(OUTBOUND, lambda: results_turn(mode, call, scoring, result))
     return settle(mine, got)
 
 

@@ -1,10 +1,12 @@
 """A synced function's options: their one declaration, with their defaults.
 
-``synced_reward`` and ``synced_rewards`` spell the options out in their signatures (users, IDEs and type
-checkers read those); ``tests/test_decorator.py`` checks that every signature names these fields with
-these types and defaults, so the two cannot drift apart. They are checked in one place, at decoration
-time (``_decorator._given``), which asks the chosen mode about the options that are its own
-(``Mode.check``).
+The options every mode takes are this dataclass's fields; the options only one mode takes (``shard``'s
+``group_size``, ``group_by``) are declared by that mode (``Mode.options``: name, type, default, check)
+and kept here as ``mode_options``, the given ones only. ``synced_reward`` and ``synced_rewards`` spell
+both kinds out in their signatures (users, IDEs and type checkers read those); ``tests/test_decorator.py``
+checks that every signature names these fields and the registered modes' declared options, with their
+types and defaults, so they cannot drift apart. They are checked in one place, at decoration time
+(``_decorator._given``).
 """
 
 from __future__ import annotations
@@ -36,10 +38,9 @@ class Options:
     mode: ModeName = "main"
     backend: str | Backend = "auto"
     timeout: float = DEFAULT_TIMEOUT
-    group_size: int | None = None
-    group_by: str | None = None
     include: Collection[str] | str | None = None
     exclude: Collection[str] | str = ()
     shared: Collection[str] | str = ()
     allow_pickle: bool = False
     process_group: Any = None
+    mode_options: tuple[tuple[str, Any], ...] = ()  # the chosen mode's own options given (not their defaults)

@@ -39,6 +39,7 @@ NOT_USER_MESSAGES = {  # (file, enclosing function, type): why the site needs no
     ("_lifecycle.py", "call_async", "MismatchError"): "re-raises the session's message for ambiguous async calls",
     ("_keys.py", "_canonical", "TypeError"): "caught by group_keys, which raises the InputError quoted",
     ("_keys.py", "_canonical_other", "TypeError"): "caught by group_keys, which raises the InputError quoted",
+    ("_modes/__init__.py", "register", "ValueError"): "a mode author's registration (a private seam), not a call's",
     ("testing.py", "exchange", "CommunicationError"): (
         "the test double repeats a failure of another thread-rank; run_threads reports it under RanksFailed"
     ),
