@@ -70,10 +70,10 @@ def _scoring() -> Iterator[None]:
 
 
 class _Exchange(NamedTuple):
-    """What the sequence asks for: run ``step`` in the call's turn on ``channel``; send back its outcome."""
+    """What the sequence asks for: run ``work`` in the call's turn on ``channel``; send back its outcome."""
 
     channel: int
-    step: Callable[[], Outcome[Any]]
+    work: Callable[[], Outcome[Any]]
 
 
 class _Score(NamedTuple):
@@ -172,7 +172,7 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
             if isinstance(request, _Score):
                 got = _score(spec.fn, request)
             else:
-                got = session.step(request.channel, seq, request.step, call.deadline, name)
+                got = session.run_turn(request.channel, seq, request.work, call.deadline, name)
             request = sequence.send(got)
     except StopIteration as done:
         outcome: Outcome[Any] = done.value
@@ -228,7 +228,7 @@ async def _steps_async(spec: Spec, call: Call, sequence: _Sequence) -> Any:
                     _abandon(call, sequence, None, e, scored=True)
                     raise
             else:
-                pending = session.submit(request.channel, seq, request.step, name)
+                pending = session.submit(request.channel, seq, request.work, name)
                 if request.channel == OUTBOUND:
                     session.close(seq)  # what is left runs on its own: a later call on this thread may start
                 try:
@@ -245,7 +245,7 @@ async def _steps_async(spec: Spec, call: Call, sequence: _Sequence) -> Any:
 
 
 async def _wait(fut: Future[Outcome[Any]], call: Call, channel: int) -> Outcome[Any]:
-    """Await a submitted step; a step whose turn does not come by the call's deadline breaks the session."""
+    """Await submitted work; work whose turn does not come by the call's deadline breaks the session."""
     wrapped = asyncio.wrap_future(fut)
     try:
         return await asyncio.wait_for(asyncio.shield(wrapped), call.deadline.left())
@@ -277,7 +277,7 @@ def _abandon(
                 request = sequence.send(Error(error))
         except StopIteration:
             return  # the call is over; its outcome was raised in the caller already
-        submitted = session.submit(request.channel, seq, request.step, name)
+        submitted = session.submit(request.channel, seq, request.work, name)
         submitted.add_done_callback(lambda f: advance(f.result()))
 
     if pending is not None:
