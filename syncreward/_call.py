@@ -21,6 +21,7 @@ import torch
 from ._batch import CPU, encodable, merge_frames
 from ._binding import Binder, Bound
 from ._codec import C_TENSOR, CONTAINERS, encode_frame
+from ._deadline import Deadline
 from ._description import Description
 from ._errors import MismatchError
 from ._exchange import INBOUND, Inbound, Link
@@ -57,13 +58,14 @@ _NOTHING_SHARED = SharedValues({})  # a call without shared arguments to check (
 class Hooks(Protocol):
     """What the lifecycle asks of a call's mode (``_modes._base.Mode``: the contract, documented there)."""
 
+    name: str
     shares_arguments: bool
 
     def prepare(self, call: Call) -> Payload: ...
 
-    def inbound(self, call: Call, payload: Outcome[Payload]) -> Value[Any] | Error: ...
+    def route_inputs(self, call: Call, payload: Outcome[Payload]) -> Value[Any] | Error: ...
 
-    def outbound(self, call: Call, scoring: Any, result: Outcome[Any]) -> Outcome[Any]: ...
+    def route_results(self, call: Call, scoring: Any, result: Outcome[Any]) -> Outcome[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,9 @@ class Spec:
     @property
     def key(self) -> str:
         o = self.options
-        group = f", group_size={o.group_size}" if o.group_size else ""
-        group += f", group_by={o.group_by!r}" if o.group_by else ""
+        own = "".join(f", {k}={v!r}" for k, v in o.mode_options)  # the mode's own options given (``Mode.options``)
         pickle = ", allow_pickle=True" if o.allow_pickle else ""
-        return f"{self.identity.key()}(mode={o.mode!r}{group}{pickle})"
+        return f"{self.identity.key()}(mode={o.mode!r}{own}{pickle})"
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class Call:
     description: Description  # what a mismatch shows every rank (``_description``)
     shared: SharedValues  # the shared arguments every rank must pass alike (their digest is in the header)
     # (none in a mode where every rank scores with its own: ``Mode.shares_arguments``)
+    deadline: Deadline  # when the call must be over on this rank (``timeout=`` from its opening): every wait's end
 
     @property
     def rank(self) -> int:
@@ -119,10 +121,6 @@ class Call:
     @property
     def world_size(self) -> int:
         return self.session.world_size
-
-    @property
-    def timeout(self) -> float:
-        return self.spec.options.timeout
 
     @property
     def step(self) -> int:
@@ -145,6 +143,7 @@ def open_call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     problem: str | None,
+    deadline: Deadline,
 ) -> tuple[Call, Value[Payload] | Error]:
     """Bind the arguments, fingerprint the call, let the mode prepare its payload (or fail: an ``Error``)."""
     # A failure only this rank knows of -- it failed to read an earlier call's results (``lost``), or this
@@ -156,8 +155,8 @@ def open_call(
     try:
         bound = spec.binder.bind(args, kwargs)
     except Exception as e:
-        return unbound_call(spec, session, seq, site), Error(mine if mine is not None else e)
-    call = _build(spec, session, seq, site, bound)
+        return unbound_call(spec, session, seq, site, deadline), Error(mine if mine is not None else e)
+    call = _build(spec, session, seq, site, bound, deadline)
     if mine is not None:
         return call, Error(mine)
     try:  # before the turn: an interrupt is raised at once (the lifecycle finishes the call)
@@ -166,12 +165,12 @@ def open_call(
         return call, Error(e)
 
 
-def unbound_call(spec: Spec, session: Session, seq: int, site: Site) -> Call:
+def unbound_call(spec: Spec, session: Session, seq: int, site: Site, deadline: Deadline) -> Call:
     """A call whose arguments could not be bound (it can only fail, on every rank)."""
-    return _build(spec, session, seq, site, None)
+    return _build(spec, session, seq, site, None, deadline)
 
 
-def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | None) -> Call:
+def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | None, deadline: Deadline) -> Call:
     columns = tuple([(c.name, CONTAINERS[c.container]) for c in bound.columns]) if bound is not None else None
     key, digest = spec.key, spec.identity.digest
     if bound is not None and spec.identity.method and "self" in bound.shared:  # @synced_reward on a method
@@ -187,7 +186,8 @@ def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | No
     # the path-independent site is compared; the user's file and line are shown (they may differ per rank)
     schema = "\1".join(map("\0".join, columns)) if columns is not None else "?"
     fp = fingerprint(f"{key}\0{digest}\0{schema}\0{site.key}")
-    return Call(spec, session, seq, site, bound, fp, Description(seq, step, key, digest, columns, site.shown), shared)
+    description = Description(seq, step, key, digest, columns, site.shown)
+    return Call(spec, session, seq, site, bound, fp, description, shared, deadline)
 
 
 def lost(call: Call, error: BaseException) -> Error:
@@ -201,7 +201,7 @@ def lost(call: Call, error: BaseException) -> Error:
 
 def link(call: Call, channel: int) -> Link:
     """The call's transfers on ``channel`` (``_exchange.INBOUND`` or ``OUTBOUND``)."""
-    return Link(call.session, channel, call.timeout, call.spec.name, call.description, call.shared)
+    return Link(call.session, channel, call.deadline, call.spec.name, call.description, call.shared)
 
 
 def record(call: Call) -> CallCheck:

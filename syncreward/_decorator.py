@@ -84,11 +84,12 @@ def _is_async(fn: Any) -> bool:
     )
 
 
-def _check_options(options: Options, group: bool) -> None:
+def _check_options(options: Options, group: bool, given: dict[str, Any]) -> None:
     """Raise ``ValueError`` for options no call could run with: the one place options are checked.
 
-    ``group``: the options of ``synced_rewards``, whose mode must gather the whole batch. The mode
-    checks the options that are its own (``Mode.check``).
+    ``group``: the options of ``synced_rewards``, whose mode must gather the whole batch. ``given``: the
+    mode options given (not their defaults); each is checked against the declaration of the chosen mode
+    (``Mode.options``), which then checks them together (``Mode.check``).
     """
     mode, backend, timeout = options.mode, options.backend, options.timeout
     if group:
@@ -97,7 +98,17 @@ def _check_options(options: Options, group: bool) -> None:
             raise ValueError(f"synced_rewards() takes mode={' or '.join(map(repr, gathering))}, not {mode!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {tuple(MODES)}, not {mode!r}")
-    MODES[mode].check(options)
+    chosen = MODES[mode]
+    own = {o.name: o for o in chosen.options}
+    for name, value in given.items():
+        if name not in own:
+            owners = [repr(m) for m, impl in MODES.items() if any(o.name == name for o in impl.options)]
+            raise ValueError(f"{name}= only applies to mode={' or '.join(owners)}, not mode={mode!r}")
+        check = own[name].check
+        why = check(value) if check is not None else None
+        if why is not None:
+            raise ValueError(why)
+    chosen.check({o.name: given.get(o.name, o.default) for o in chosen.options})
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
         raise ValueError(
             f"timeout must be a number of seconds, more than 0 and at most {MAX_TIMEOUT:.0e} (about 115 days), "
@@ -105,6 +116,15 @@ def _check_options(options: Options, group: bool) -> None:
         )
     if isinstance(backend, str) and backend not in BACKEND_NAMES:
         raise ValueError(unknown_backend_message(backend))
+
+
+def _mode_option_defaults() -> dict[str, Any]:
+    """Every registered mode's declared options, with their defaults (read at decoration time: modes register)."""
+    return {o.name: o.default for impl in MODES.values() for o in impl.options}
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    return value is default or (type(value) is type(default) and value == default)
 
 
 def _not_a_function(decorator: str, value: object, params: dict[str, Any] | None = None) -> str:
@@ -135,28 +155,29 @@ def _not_a_function(decorator: str, value: object, params: dict[str, Any] | None
     )
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(Options))
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Options)}
+_FIELDS = tuple(f.name for f in dataclasses.fields(Options) if f.name != "mode_options")
+_DEFAULTS = {name: f.default for f in dataclasses.fields(Options) if (name := f.name) in _FIELDS}
 
 
 def _keywords_given(params: dict[str, Any]) -> dict[str, Any]:
     """The options among a decorator call's parameters that differ from their defaults, in signature order."""
-
-    def default(name: str) -> bool:
-        value, default = params[name], _DEFAULTS[name]
-        return value is default or (type(value) is type(default) and value == default)
-
-    return {name: params[name] for name in _FIELDS if name in params and not default(name)}
+    defaults = {**_DEFAULTS, **_mode_option_defaults()}
+    return {
+        name: value for name, value in params.items() if name in defaults and not _is_default(value, defaults[name])
+    }
 
 
 def _given(params: dict[str, Any], group: bool = False) -> Options:
     """The checked ``Options`` of a decorator call, from its parameters (its ``locals()`` before anything else).
 
-    The signatures name exactly ``Options``' fields, with its types and defaults (``tests/test_decorator.py``
-    checks it), so no option is passed on by hand.
+    The signatures name exactly ``Options``' fields and the modes' declared options, with their types and
+    defaults (``tests/test_decorator.py`` checks it), so no option is passed on by hand.
     """
-    options = Options(**{name: params[name] for name in _FIELDS if name in params})
-    _check_options(options, group)
+    general = {name: params[name] for name in _FIELDS if name in params}
+    defaults = _mode_option_defaults()
+    given = {k: params[k] for k in defaults if k in params and not _is_default(params[k], defaults[k])}
+    options = Options(**general, mode_options=tuple(given.items()))
+    _check_options(options, group, given)
     note_job()  # a rank that leaves without making a synced call can then say so (docs/reliability.md, "Leaving")
     return options
 
@@ -214,10 +235,10 @@ def synced_reward(
         backend: ``"auto"`` (resolved at call time: a joined Ray group, then accelerate, then
             torch.distributed, else one process), ``"local"``, ``"torch"``, ``"accelerate"``, ``"ray"``,
             or an object implementing ``Backend``.
-        timeout: seconds a rank waits for the others at one step of a call (for their inputs, or for the
-            scoring rank's results); default 1800 (30 minutes, torch.distributed's default). A rank that
-            does not arrive in time is named in a ``SyncTimeoutError`` on
-            every rank that did.
+        timeout: seconds one call may take on a rank, from the moment it is called to its results: one
+            deadline per call, which every wait of the call (its turn, the others' inputs, the scoring
+            rank's work and results) shares; default 1800 (30 minutes, torch.distributed's default). A
+            rank that does not arrive in time is named in a ``SyncTimeoutError`` on every rank that did.
         group_size: with ``mode="shard"``: consecutive global samples form groups of this size (TRL's
             ``num_generations``).
         group_by: with ``mode="shard"``: samples with equal values in this per-sample column form a group,
@@ -337,15 +358,17 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options, readers: Sequence[Any
     """
     if isinstance(func, (staticmethod, classmethod)):  # @synced_reward above @staticmethod / @classmethod
         return type(func)(wrap(func.__func__, impl, options, readers))
-    backend, process_group, group_by = options.backend, options.process_group, options.group_by
+    backend, process_group = options.backend, options.process_group
     include, exclude, shared = options.include, options.exclude, options.shared
     display, name = _display_name(func), _stable_name(func)
-    needed = (group_by,) if group_by is not None else ()  # the shard mode reads it itself
+    columns = {o.name: impl.option(options, o.name) for o in impl.options if o.column}  # the mode reads them itself
+    needed = tuple(c for c in columns.values() if c is not None)
     binder = Binder(
         func, include=include, exclude=exclude, shared=shared, function=name, readers=readers, needed=needed
     )
-    if group_by is not None and group_by in binder.shared:
-        raise ValueError(f"group_by={group_by!r} names a shared argument; it must be a per-sample column")
+    for option, column in columns.items():
+        if column is not None and column in binder.shared:
+            raise ValueError(f"{option}={column!r} names a shared argument; it must be a per-sample column")
     spec = Spec(
         fn=func,
         name=name,

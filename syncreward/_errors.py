@@ -127,6 +127,18 @@ class SyncTimeoutError(CommunicationError, TimeoutError):
         return (type(self), (*self.args[:1], self.missing_ranks), self.__dict__)
 
 
+class ModeContractError(SyncRewardError):
+    """A mode broke the mode contract (``_modes._base``): a bug in the mode, not in the user's code.
+
+    Not exported: only a mode author meets it. The step it is raised in breaks the group at once.
+    """
+
+
+def seconds(t: float) -> str:
+    """Seconds as messages show them: a call's deadline leaves a wait ``1.9987`` s of ``timeout=2``, shown ``2``."""
+    return f"{round(t, 1):g}"
+
+
 def timeout_message(missing: Sequence[int], timeout: float, of: str = "") -> str:
     """What a timeout says, in every backend's words alike (the session adds which call, on which rank).
 
@@ -134,12 +146,12 @@ def timeout_message(missing: Sequence[int], timeout: float, of: str = "") -> str
     """
     if missing:
         what = (
-            f"rank(s) {list(missing)}{of} did not arrive within timeout={timeout:g}s (hung, still busy, dead, or they "
-            "made fewer synced calls than this rank)"
+            f"rank(s) {list(missing)}{of} did not arrive within timeout={seconds(timeout)}s (hung, still busy, dead, "
+            "or they made fewer synced calls than this rank)"
         )
         who = f"rank(s) {list(missing)}"
     else:
-        what = f"every rank arrived, but the data did not get through within timeout={timeout:g}s"
+        what = f"every rank arrived, but the data did not get through within timeout={seconds(timeout)}s"
         who = "a rank"
     return (
         f"{what}. HINT: raise timeout= if {who} legitimately take(s) longer to get here (a slow reward on the "
@@ -166,12 +178,15 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def late_message(record: str, timeout: float) -> str:
-    """What a rank says that arrives after the others gave up on it (``record``: who waited how long for whom)."""
+def late_message(record: str) -> str:
+    """What a rank says that arrives after the others gave up on it (``record``: who waited how long for whom).
+
+    The seconds are the record's: this rank's own call may have had little of its ``timeout=`` left.
+    """
     return (
         f"the other ranks had given up waiting for this rank before it arrived ({record}). HINT: this rank was busy "
-        f"for longer than timeout={timeout:g}s (a slow reward, long work between synced calls, or a synced call the "
-        "others did not make); raise timeout=. The group is now unusable."
+        "for longer than timeout= (a slow reward, long work between synced calls, or a synced call the others did "
+        "not make); raise timeout=. The group is now unusable."
     )
 
 
@@ -232,9 +247,10 @@ def reason_of(e: BaseException) -> str:
 
 
 def stuck_error(call: str, timeout: float) -> SyncTimeoutError:
-    """``call`` waited ``timeout`` for earlier calls of this rank, which never finished."""
+    """``call`` did not get its turn by its deadline (``timeout`` from its start): earlier calls never finished."""
     return SyncTimeoutError(
-        f"{call} waited {timeout:g}s for earlier synced calls on this rank to finish. HINT: an earlier synced call is "
+        f"{call} did not get its turn within its timeout={seconds(timeout)}s: earlier synced calls on this rank had "
+        "not finished. HINT: an earlier synced call is "
         "stuck (a hung reward, or a call the other ranks never made); the group is now unusable."
     )
 

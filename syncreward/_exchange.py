@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._codec import decode_value
+from ._deadline import Deadline
 from ._description import Description
 from ._errors import CodecError, MismatchError, RemoteError, column_differences
 from ._outcome import Error, Value, add_note
@@ -108,7 +109,7 @@ class Link:
 
     session: Session
     channel: int
-    timeout: float
+    deadline: Deadline  # the call's: each collective gets the seconds left
     function: str
     description: Description | None = None
     shared: SharedValues | None = None
@@ -128,12 +129,12 @@ class Link:
     ) -> np.ndarray:
         arr = send if isinstance(send, np.ndarray) else np.frombuffer(send, dtype=np.uint8)
         return self.session.backend.all_to_all(
-            arr, send_counts, recv_counts, channel=self.channel, timeout=self.timeout
+            arr, send_counts, recv_counts, channel=self.channel, timeout=self.deadline.left()
         )
 
     def all_gather(self, row: Sequence[int]) -> np.ndarray:
         return self.session.backend.all_gather(
-            np.asarray(row, dtype=np.int64), channel=self.channel, timeout=self.timeout
+            np.asarray(row, dtype=np.int64), channel=self.channel, timeout=self.deadline.left()
         )
 
     def scatter(self, blocks: bytes | bytearray, size: int, root: int) -> np.ndarray:
@@ -146,7 +147,7 @@ class Link:
         backend = self.session.backend
         if (scattering := scatters(backend)) is not None:
             data = np.frombuffer(blocks, dtype=np.uint8)
-            return scattering.scatter(data, size, root=root, channel=self.channel, timeout=self.timeout)
+            return scattering.scatter(data, size, root=root, channel=self.channel, timeout=self.deadline.left())
         if me == root:
             mine = bytes(blocks[root * size : (root + 1) * size])
             rest = blocks[: root * size] + blocks[(root + 1) * size :]

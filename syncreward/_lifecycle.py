@@ -41,9 +41,10 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from ._call import Call, Inputs, Payload, Spec, open_call, unbound_call
+from ._deadline import Deadline
 from ._errors import MismatchError, call_words, reason_of, stuck_error
 from ._identity import NO_CALLER, Site
-from ._modes._base import Scoring
+from ._modes._base import Scoring, inputs_turn, results_turn
 from ._outcome import Error, Outcome, Value, capture, settle
 from ._session import live_sessions, session_for
 from ._wire import INBOUND, OUTBOUND
@@ -69,10 +70,10 @@ def _scoring() -> Iterator[None]:
 
 
 class _Exchange(NamedTuple):
-    """What the sequence asks for: run ``step`` in the call's turn on ``channel``; send back its outcome."""
+    """What the sequence asks for: run ``work`` in the call's turn on ``channel``; send back its outcome."""
 
     channel: int
-    step: Callable[[], Outcome[Any]]
+    work: Callable[[], Outcome[Any]]
 
 
 class _Score(NamedTuple):
@@ -99,7 +100,7 @@ def _sequence(call: Call, payload: Outcome[Payload]) -> _Sequence:
     """One call, start to end, for every driver; returns the call's outcome on this rank."""
     mode, session = call.spec.impl, call.session
     mine = payload.error if isinstance(payload, Error) else None  # this rank's own failure, once it has one
-    got = yield _Exchange(INBOUND, lambda: mode.inbound(call, payload))
+    got = yield _Exchange(INBOUND, lambda: inputs_turn(mode, call, payload))
     if isinstance(got, Error):  # failed on every rank (or the session broke): no rank takes its channel-1 turn
         session.skip(OUTBOUND, call.seq)
         return settle(mine, got)
@@ -107,7 +108,7 @@ def _sequence(call: Call, payload: Outcome[Payload]) -> _Sequence:
     result = yield _Score(scoring.inputs)
     if isinstance(result, Error):
         mine = result.error  # the function's exception, or this rank's inputs' failure: it travels, then wins here
-    got = yield _Exchange(OUTBOUND, lambda: mode.outbound(call, scoring, result))
+    got = yield _Exchange(OUTBOUND, lambda: results_turn(mode, call, scoring, result))
     return settle(mine, got)
 
 
@@ -120,13 +121,14 @@ def _open(
     is_async: bool,
     task: tuple[Any, str, Any, Any] | None = None,
 ) -> tuple[Call, _Sequence]:
+    deadline = Deadline(spec.options.timeout)  # the call's one clock: every wait of it ends by then
     session = session_for(backend, spec.name)
     seq, problem = session.open(is_async, task)
     try:
-        call, payload = open_call(spec, session, seq, site, args, kwargs, problem)
+        call, payload = open_call(spec, session, seq, site, args, kwargs, problem, deadline)
     except BaseException:  # KeyboardInterrupt while binding: the sequence number is taken, so finish the call
         session.finish(seq)
-        unbound = unbound_call(spec, session, seq, site)
+        unbound = unbound_call(spec, session, seq, site, deadline)
         interrupted = KeyboardInterrupt("synced call interrupted while preparing")
         _abandon(unbound, _sequence(unbound, Error(interrupted)), None, interrupted)
         raise
@@ -170,7 +172,7 @@ def call_sync(spec: Spec, backend: Backend, args: tuple[Any, ...], kwargs: dict[
             if isinstance(request, _Score):
                 got = _score(spec.fn, request)
             else:
-                got = session.step(request.channel, seq, request.step, call.timeout, name)
+                got = session.run_turn(request.channel, seq, request.work, call.deadline, name)
             request = sequence.send(got)
     except StopIteration as done:
         outcome: Outcome[Any] = done.value
@@ -226,7 +228,7 @@ async def _steps_async(spec: Spec, call: Call, sequence: _Sequence) -> Any:
                     _abandon(call, sequence, None, e, scored=True)
                     raise
             else:
-                pending = session.submit(request.channel, seq, request.step, name)
+                pending = session.submit(request.channel, seq, request.work, name)
                 if request.channel == OUTBOUND:
                     session.close(seq)  # what is left runs on its own: a later call on this thread may start
                 try:
@@ -243,14 +245,14 @@ async def _steps_async(spec: Spec, call: Call, sequence: _Sequence) -> Any:
 
 
 async def _wait(fut: Future[Outcome[Any]], call: Call, channel: int) -> Outcome[Any]:
-    """Await a submitted step; a step whose turn does not come within the timeout breaks the session."""
+    """Await submitted work; work whose turn does not come by the call's deadline breaks the session."""
     wrapped = asyncio.wrap_future(fut)
     try:
-        return await asyncio.wait_for(asyncio.shield(wrapped), call.timeout)
+        return await asyncio.wait_for(asyncio.shield(wrapped), call.deadline.left())
     except asyncio.TimeoutError:
         if not call.session.withdraw(channel, call.seq):
-            return await wrapped  # it is exchanging: the backend bounds that by the timeout
-    error = stuck_error(call_words(call.seq, call.spec.name), call.timeout)
+            return await wrapped  # it is exchanging: the backend bounds that by the call's deadline
+    error = stuck_error(call_words(call.seq, call.spec.name), call.deadline.timeout)
     call.session.break_(reason_of(error))
     return Error(error)
 
@@ -275,7 +277,7 @@ def _abandon(
                 request = sequence.send(Error(error))
         except StopIteration:
             return  # the call is over; its outcome was raised in the caller already
-        submitted = session.submit(request.channel, seq, request.step, name)
+        submitted = session.submit(request.channel, seq, request.work, name)
         submitted.add_done_callback(lambda f: advance(f.result()))
 
     if pending is not None:

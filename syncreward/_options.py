@@ -1,10 +1,12 @@
 """A synced function's options: their one declaration, with their defaults.
 
-``synced_reward`` and ``synced_rewards`` spell the options out in their signatures (users, IDEs and type
-checkers read those); ``tests/test_decorator.py`` checks that every signature names these fields with
-these types and defaults, so the two cannot drift apart. They are checked in one place, at decoration
-time (``_decorator._given``), which asks the chosen mode about the options that are its own
-(``Mode.check``).
+The options every mode takes are this dataclass's fields; the options only one mode takes (``shard``'s
+``group_size``, ``group_by``) are declared by that mode (``Mode.options``: name, type, default, check)
+and kept here as ``mode_options``, the given ones only. ``synced_reward`` and ``synced_rewards`` spell
+both kinds out in their signatures (users, IDEs and type checkers read those); ``tests/test_decorator.py``
+checks that every signature names these fields and the registered modes' declared options, with their
+types and defaults, so they cannot drift apart. They are checked in one place, at decoration time
+(``_decorator._given``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ GatherModeName = Literal["main", "replicate"]
 """The names of the modes that gather the whole batch (``GatherMode``), which can run a reward group."""
 
 DEFAULT_TIMEOUT = 1800.0
-"""Seconds a rank waits for the others in one exchange step (torch.distributed's default, 30 minutes)."""
+"""Seconds one synced call may take on a rank, from its start to its end (torch.distributed's default, 30 minutes)."""
 MAX_TIMEOUT = 1e7
 """The longest ``timeout`` accepted (about 115 days): longer waits overflow the transports' clocks."""
 
@@ -36,10 +38,9 @@ class Options:
     mode: ModeName = "main"
     backend: str | Backend = "auto"
     timeout: float = DEFAULT_TIMEOUT
-    group_size: int | None = None
-    group_by: str | None = None
     include: Collection[str] | str | None = None
     exclude: Collection[str] | str = ()
     shared: Collection[str] | str = ()
     allow_pickle: bool = False
     process_group: Any = None
+    mode_options: tuple[tuple[str, Any], ...] = ()  # the chosen mode's own options given (not their defaults)

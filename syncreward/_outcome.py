@@ -19,7 +19,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from ._errors import CommunicationError, SyncRewardError, first_line
 
-__all__ = ["Error", "Outcome", "Value", "add_note", "capture", "settle"]
+__all__ = ["Error", "LocalError", "Outcome", "Value", "add_note", "capture", "local", "settle"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -55,6 +55,19 @@ class Error:
         return f"Error({self.error!r})"
 
 
+class LocalError(Error):
+    """This rank's own work failed and no other rank knows yet (``_modes._base.local``).
+
+    It must travel in the call's next transfer (which returns a plain :class:`Error`, every rank's),
+    or, after the call's last transfer, it is this rank's alone (told at its next call).
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"LocalError({self.error!r})"
+
+
 Outcome = Value[T] | Error
 """What a step returns: ``Value(result)`` or ``Error(exception)``."""
 
@@ -69,6 +82,17 @@ def capture(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Value[T] | Error
         return Value(fn(*args, **kwargs))
     except BaseException as e:
         return Error(e)
+
+
+def local(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Value[T] | LocalError:
+    """Run this rank's own work inside a mode's hook: its result, or what it raised as a :class:`LocalError`.
+
+    ``BaseException`` is captured too: a ``KeyboardInterrupt`` while decoding travels like any failure.
+    """
+    try:
+        return Value(fn(*args, **kwargs))
+    except BaseException as e:
+        return LocalError(e)
 
 
 def add_note(error: BaseException, note: str) -> None:

@@ -9,11 +9,11 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
 * two **turnstiles** (``_turnstile``), one per channel, that run every call's collectives in sequence
   order -- the inbound exchange on channel 0, the outbound exchange on channel 1 -- so concurrent
   ``async`` calls issue their collectives in the same order on every rank while their function bodies
-  overlap; async steps run on worker threads (``_workers``) that start at once, never queued;
+  overlap; async turns run on worker threads (``_workers``) that start at once, never queued;
 * the **broken latch** (``_turnstile.Latch``): a transport failure (a dead peer, a timeout) inside any
-  step, or a turn that never comes, breaks the session. Every waiting step and every later call then
+  turn, or a turn that never comes, breaks the session. All waiting work and every later call then
   raises :class:`~syncreward.GroupBrokenError` at once instead of waiting for a group that can no longer
-  agree. A step's transport failure is reworded here, once, in the call's words (``_errors.call_words``);
+  agree. A turn's transport failure is reworded here, once, in the call's words (``_errors.call_words``);
 * the **size predictions** of the inbound exchange: eager chunk sizes (:class:`~syncreward._wire.Predictor`,
   changed only from headers every rank saw; ``mode="main"``'s result block size is the result exchange's
   own, kept per session in ``_exchange``);
@@ -25,7 +25,7 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
 
 At interpreter exit (threading's exit hook, before the non-daemon workers are joined) every session of
 this process is abandoned (:meth:`Session.abandon`): its latch breaks ("rank 0 is exiting"), every
-waiting step fails, and the backend's optional ``abandon(reason)`` makes the exchanges in progress return
+waiting turn fails, and the backend's optional ``abandon(reason)`` makes the exchanges in progress return
 (the peers then raise with that reason), so no exit waits on a peer.
 """
 
@@ -39,6 +39,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from ._deadline import Deadline
 from ._errors import (
     BackendError,
     CommunicationError,
@@ -63,7 +64,7 @@ __all__ = ["Session", "live_sessions", "session_for"]
 T = TypeVar("T")
 
 
-_PHASES = ("sending its inputs", "waiting for its results")  # what a call does in its channel-0 / -1 step
+_PHASES = ("sending its inputs", "waiting for its results")  # what a call does in its channel-0 / -1 turn
 
 
 class Session:
@@ -146,7 +147,7 @@ class Session:
         return seq, problem
 
     def busy(self) -> bool:
-        """Whether a call of this session is in flight, or a step of one (finishing in the background) is left."""
+        """Whether a call of this session is in flight, or a turn of one (finishing in the background) is left."""
         with self._lock:
             if self._in_flight:
                 return True
@@ -186,7 +187,7 @@ class Session:
         return lost
 
     def break_(self, reason: str) -> None:
-        """Break the latch (first reason wins) and fail every waiting step."""
+        """Break the latch (first reason wins) and fail all waiting work."""
         with self._lock:
             if self.latch.reason is None:
                 self.latch.reason = reason
@@ -207,24 +208,24 @@ class Session:
                 abandoning.abandon(reason)
 
     def _tell_peers(self, reason: str) -> None:
-        """This rank failed on its own inside a step: the backend's ``abort`` (where it has one) tells the peers."""
+        """This rank failed on its own inside its turn: the backend's ``abort`` (where it has one) tells the peers."""
         aborting = aborts(self.backend)
         if aborting is not None:
             with contextlib.suppress(Exception):  # best effort: this rank's own failure is raised either way
                 aborting.abort(reason)
 
-    # ------------------------------------------------------------------------------------------ steps
+    # ------------------------------------------------------------------------------------------ turns
 
     def _guarded(
-        self, seq: int, step: Callable[[], Outcome[T]], function: str, channel: int
+        self, seq: int, work: Callable[[], Outcome[T]], function: str, channel: int
     ) -> Callable[[], Outcome[T]]:
-        """``step`` as run in its turn: the one place a backend's failure becomes an ``Error`` of the call.
+        """``work`` as run in its turn: the one place a backend's failure becomes an ``Error`` of the call.
 
         A backend says what went wrong with the ranks (``rank(s) [1] did not arrive within timeout=2s``)
         but knows neither the function nor the call; here its error is rebuilt, of the same type and with
         the same attributes (``missing_ranks``), as ``synced call #3 of 'my_reward' timed out on rank 0
-        while sending its inputs: ...``, and handed on as the step's ``Error``. The session breaks (the first
-        failure's words are the reason every later call gives). While the step runs, a long wait inside the
+        while sending its inputs: ...``, and handed on as the turn's ``Error``. The session breaks (the first
+        failure's words are the reason every later call gives). While the work runs, a long wait inside the
         backend names the call (``backends._waiting.CALL``).
         """
         call = call_words(seq, function)
@@ -234,7 +235,7 @@ class Session:
         def run() -> Outcome[T]:
             named = CALL.set(words)  # what a long wait in the backend names (backends._waiting)
             try:
-                return step()
+                return work()
             except CommunicationError as e:
                 verb = "timed out" if isinstance(e, SyncTimeoutError) else "failed"
                 error = reworded(e, f"{call} {verb} on rank {self.rank} while {_PHASES[channel]}: {text_of(e)}")
@@ -247,22 +248,26 @@ class Session:
                 where = f"on rank {self.rank} while {_PHASES[channel]}"
                 reason = f"{call} raised {type(e).__name__} {where}: {reason_of(e)}"
                 self.break_(reason)
-                self._tell_peers(reason)  # they wait in this step's exchange: they raise now, not at timeout=
+                self._tell_peers(reason)  # they wait in this turn's exchange: they raise now, not at timeout=
                 return Error(e)
             finally:
                 CALL.reset(named)
 
         return run
 
-    def step(self, channel: int, seq: int, step: Callable[[], Outcome[T]], timeout: float, function: str) -> Outcome[T]:
-        """Run one collective step of call ``seq`` (of ``function``) in its turn, in this thread; its outcome.
+    def run_turn(
+        self, channel: int, seq: int, work: Callable[[], Outcome[T]], deadline: Deadline, function: str
+    ) -> Outcome[T]:
+        """Run the work of call ``seq`` (of ``function``) in its turn, in this thread; its outcome.
 
-        The step's collective failure is its ``Error``; a transport failure is an ``Error`` too, in the
+        The wait for the turn ends at the call's ``deadline`` (its transfers are bounded by it too).
+
+        The work's collective failure is its ``Error``; a transport failure is an ``Error`` too, in the
         call's words (and the session is broken). Nothing is raised: the lifecycle settles what it gets.
         """
-        guarded = self._guarded(seq, step, function, channel)
+        guarded = self._guarded(seq, work, function, channel)
         try:
-            return self.turns[channel].run(seq, guarded, timeout, call_words(seq, function))
+            return self.turns[channel].run(seq, guarded, deadline, call_words(seq, function))
         except BaseException as e:  # an interrupt while this thread waited for the turn
             # the turn is never taken now, so no later call of this rank can get its own: break at once
             self.break_(
@@ -270,12 +275,12 @@ class Session:
             )
             return Error(e)
 
-    def submit(self, channel: int, seq: int, step: Callable[[], Outcome[T]], function: str) -> Future[Outcome[T]]:
-        """Run one step in its turn on a worker thread (async calls, and steps finished in the background)."""
-        return self.turns[channel].submit(seq, self._guarded(seq, step, function, channel), call_words(seq, function))
+    def submit(self, channel: int, seq: int, work: Callable[[], Outcome[T]], function: str) -> Future[Outcome[T]]:
+        """Run a turn's work on a worker thread (async calls, and turns finished in the background)."""
+        return self.turns[channel].submit(seq, self._guarded(seq, work, function, channel), call_words(seq, function))
 
     def withdraw(self, channel: int, seq: int) -> bool:
-        """Take back call ``seq``'s submitted step on ``channel`` if it has not started; whether it had not."""
+        """Take back call ``seq``'s submitted work on ``channel`` if it has not started; whether it had not."""
         return self.turns[channel].withdraw(seq)
 
     def skip(self, channel: int, seq: int) -> None:

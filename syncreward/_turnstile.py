@@ -1,11 +1,11 @@
-"""The latch and the turnstiles: how one session orders its calls' collective steps.
+"""The latch and the turnstiles: how one session orders its calls' turns.
 
-A :class:`Turnstile` runs one step per sequence number, strictly in sequence order (one per channel of a
+A :class:`Turnstile` runs one turn's work per sequence number, strictly in sequence order (one per channel of a
 session), so concurrent ``async`` calls issue their collectives in the same order on every rank while
-their function bodies overlap. A step waits for its turn without holding a thread: sync callers wait on a
-condition and run their step themselves; async callers hand the step over, and whoever finishes the
+their function bodies overlap. Work waits for its turn without holding a thread: sync callers wait on a
+condition and run their work themselves; async callers hand the work over, and whoever finishes the
 previous turn starts it on a worker thread (``_workers.POOL``). The :class:`Latch` is shared by a
-session's turnstiles: once broken, every waiting step and every later one fails at once.
+session's turnstiles: once broken, all waiting work and every later turn fails at once.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from ._deadline import Deadline
 from ._errors import GroupBrokenError, reason_of, stuck_error
 from ._outcome import Error, Outcome
 from ._workers import POOL
@@ -41,7 +42,7 @@ class Latch:
 
 
 class Turnstile:
-    """Runs one step per sequence number, strictly in sequence order (one channel of a session)."""
+    """Runs one turn's work per sequence number, strictly in sequence order (one channel of a session)."""
 
     def __init__(self, latch: Latch, on_break: Callable[[str], None]) -> None:
         # ``with self._lock`` guards the state; ``_cv`` over the same lock is only waited on and notified where
@@ -58,16 +59,15 @@ class Turnstile:
         self._latch = latch
         self._on_break = on_break
 
-    def run(self, seq: int, step: Callable[[], Outcome[T]], timeout: float, call: str) -> Outcome[T]:
-        """Wait (in this thread) for ``seq``'s turn, run ``step`` here, release the turn; the step's outcome.
+    def run(self, seq: int, work: Callable[[], Outcome[T]], deadline: Deadline, call: str) -> Outcome[T]:
+        """Wait (in this thread) for ``seq``'s turn, run ``work`` here, release the turn; the work's outcome.
 
-        A broken latch, or a turn that does not come within ``timeout``, is an ``Error`` (the latter
-        breaks the session). ``call`` names the call in errors (:func:`call_words`).
+        A broken latch, or a turn that does not come by the call's ``deadline``, is an ``Error`` (the
+        latter breaks the session). ``call`` names the call in errors (:func:`call_words`).
         """
-        deadline = time.monotonic() + timeout
         with self._lock:
             while not (self._next == seq and not self._busy) and self._latch.reason is None:
-                left = deadline - time.monotonic()
+                left = deadline.end - time.monotonic()
                 if left <= 0:
                     break
                 self._sleepers += 1
@@ -82,18 +82,18 @@ class Turnstile:
         if broken:
             return Error(self._latch.error(call))
         if not ready:
-            error = stuck_error(call, timeout)
+            error = stuck_error(call, deadline.timeout)
             self._on_break(reason_of(error))
             return Error(error)
         try:
-            return step()
+            return work()
         finally:
             self._release(seq)
 
-    def submit(self, seq: int, step: Callable[[], Outcome[T]], call: str) -> Future[Outcome[T]]:
-        """Run ``step`` on a worker thread when ``seq``'s turn comes; never blocks the caller.
+    def submit(self, seq: int, work: Callable[[], Outcome[T]], call: str) -> Future[Outcome[T]]:
+        """Run ``work`` on a worker thread when ``seq``'s turn comes; never blocks the caller.
 
-        The future's result is the step's outcome (a broken latch, or what escaped the step, as an ``Error``).
+        The future's result is the work's outcome (a broken latch, or what escaped the work, as an ``Error``).
         """
         fut: Future[Outcome[T]] = Future()
 
@@ -102,7 +102,7 @@ class Turnstile:
                 if not fut.set_running_or_notify_cancel():
                     return
                 try:
-                    fut.set_result(Error(self._latch.error(call)) if self._latch.reason is not None else step())
+                    fut.set_result(Error(self._latch.error(call)) if self._latch.reason is not None else work())
                 except BaseException as e:
                     fut.set_result(Error(e))
             finally:
@@ -124,12 +124,12 @@ class Turnstile:
         return fut
 
     def idle(self) -> bool:
-        """No step runs or waits on this channel."""
+        """No work runs or waits on this channel."""
         with self._lock:
             return not self._busy and not self._pending
 
     def withdraw(self, seq: int) -> bool:
-        """Take back a submitted step that has not started; whether it was still waiting."""
+        """Take back submitted work that has not started; whether it was still waiting."""
         with self._lock:
             return self._pending.pop(seq, None) is not None
 
@@ -146,7 +146,7 @@ class Turnstile:
             POOL.submit(job, True)
 
     def wake_all(self) -> None:
-        """The latch broke: fail every waiting step now."""
+        """The latch broke: fail all waiting work now."""
         with self._lock:
             jobs = list(self._pending.items())
             self._pending.clear()

@@ -86,7 +86,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CommunicationError, SyncTimeoutError, late_message, left_message, timeout_message
+from ._errors import CommunicationError, SyncTimeoutError, late_message, left_message, seconds, timeout_message
 from .backends._cache import release
 from .backends._resolve import as_thread_rank, thread_ranks
 
@@ -366,7 +366,7 @@ class ThreadGroup:
         if ch.broken is not None:
             kind, what = ch.broken
             if kind == "T":
-                raise CommunicationError(late_message(what, timeout))
+                raise CommunicationError(late_message(what))
             if kind == "L":
                 raise CommunicationError(what)
             raise CommunicationError(f"{what}. HINT: see that rank's traceback; the group is now unusable.")
@@ -395,7 +395,7 @@ class ThreadGroup:
             if left is not None:
                 raise CommunicationError(left) from None
             missing = [r for r in range(self.world_size) if ch.ops[r] < op]
-            ch.broken = ch.broken or ("T", f"rank {rank} waited {timeout:g}s for rank(s) {missing}")
+            ch.broken = ch.broken or ("T", f"rank {rank} waited {seconds(timeout)}s for rank(s) {missing}")
             raise SyncTimeoutError(timeout_message(missing, timeout), missing) from None
         return got
 

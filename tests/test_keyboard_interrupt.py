@@ -170,6 +170,7 @@ def test_interrupt_while_a_waiting_turn_retakes_its_lock_leaves_another_threads_
     and the turnstile keeps its order afterwards.
     """
     from syncreward._outcome import Value
+    from syncreward._deadline import Deadline
     from syncreward._turnstile import Latch, Turnstile
 
     assert threading.current_thread() is threading.main_thread()
@@ -193,12 +194,12 @@ def test_interrupt_while_a_waiting_turn_retakes_its_lock_leaves_another_threads_
     thread.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            turns.run(1, lambda: Value("late"), 0.5, "synced call #1 of 'f'")  # not its turn: #0 comes first
+            turns.run(1, lambda: Value("late"), Deadline(0.5), "synced call #1 of 'f'")  # not its turn: #0 comes first
     finally:
         thread.join(10)
     assert not thread.is_alive()
     assert holder == ["released"]
     for seq, what in ((0, "first"), (1, "second")):  # the turns still come in order
-        got = turns.run(seq, lambda what=what: Value(what), 5, f"synced call #{seq} of 'f'")
+        got = turns.run(seq, lambda what=what: Value(what), Deadline(5), f"synced call #{seq} of 'f'")
         assert isinstance(got, Value), got
         assert got.value == what

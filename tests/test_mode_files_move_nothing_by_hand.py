@@ -29,3 +29,15 @@ def test_mode_files_import_neither_the_codec_nor_the_wire() -> None:
     assert {p.name for p in files} >= {"main.py", "replicate.py", "shard.py", "group.py", "_base.py"}
     found = {p.name: sorted(m for m in _imported(p) if m.rsplit(".", 1)[-1] in ("_codec", "_wire")) for p in files}
     assert {name: mods for name, mods in found.items() if mods} == {}
+
+
+def test_mode_files_catch_no_exception_themselves() -> None:
+    """A mode's local work runs through ``_outcome.local`` (docs/internals.md, "Writing a mode"): no mode file
+    has an ``except`` clause of its own, so no mode can swallow a failure it should send."""
+    found = {
+        f"{p.name}:{node.lineno}"
+        for p in sorted(MODES_DIR.glob("*.py"))
+        for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        if isinstance(node, ast.ExceptHandler)
+    }
+    assert found == set()

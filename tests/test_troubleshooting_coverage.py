@@ -37,6 +37,7 @@ NOT_USER_MESSAGES = {  # (file, enclosing function, type): why the site needs no
     ("_call.py", "open_call", "MismatchError"): "re-raises a message the session built (its entries cover it)",
     ("_demo.py", "run_demo", "ValueError"): "the demo's command line (`python -m syncreward demo --help`)",
     ("_lifecycle.py", "call_async", "MismatchError"): "re-raises the session's message for ambiguous async calls",
+    ("_modes/__init__.py", "register", "ValueError"): "a mode author's registration (a private seam), not a call's",
     ("testing.py", "exchange", "CommunicationError"): (
         "the test double repeats a failure of another thread-rank; run_threads reports it under RanksFailed"
     ),

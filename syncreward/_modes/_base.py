@@ -1,53 +1,91 @@
-"""The mode contract: four hooks, and the gathering modes' shared half.
+"""The mode contract: what a mode author writes, and what the framework does around it.
 
-A mode says who scores which samples and who gets which rows. It is one file in ``_modes/`` plus one
-line in the registry (``_modes/__init__.py``), and implements four hooks. The lifecycle
-(``_lifecycle``) calls the last three in this order, each exactly once per call:
+A mode says who scores which samples and who gets which rows; it moves nothing by hand. An author writes
+one class and registers one instance (:func:`syncreward._modes.register`, or a line in ``MODES``):
 
-* :meth:`Mode.check` -- at decoration time: the options that are the mode's own (``group_size``);
-* :meth:`Mode.prepare` -- on the caller's thread, before the call's turn: encode this rank's columns
-  into a :class:`~syncreward._call.Payload`. A failure becomes the call's ``Error`` outcome and travels
-  as a status, so every rank raises;
-* :meth:`Mode.inbound` -- in the call's inbound turn: exchange inputs; return the mode's
-  :class:`Scoring` (whether this rank scores, with which arguments, and the mode's own state for
-  ``outbound``) or an ``Error`` that every rank raises;
-* :meth:`Mode.outbound` -- in the call's outbound turn: route results (or the error) back to the
-  ranks that own the samples; return this rank's results or an ``Error``.
+* ``name`` -- the ``mode=`` string; ``options`` -- the :class:`ModeOption` s only this mode takes
+  (name, type, default, check): the decorator checks them, refuses them for other modes, and puts the
+  ones given into the call's identity; :meth:`Mode.check` -- a check across them (optional);
+* :meth:`Mode.prepare` -- on the caller's thread: this rank's :class:`~syncreward._call.Payload`
+  (default: every column encoded);
+* :meth:`Mode.route_inputs` -- in the call's inputs turn: exchange the inputs (``_call.exchange``,
+  ``_call.link``), return the mode's :class:`Scoring` (whether this rank scores, with which arguments,
+  and what :meth:`Mode.route_results` needs);
+* :meth:`Mode.route_results` -- in the call's results turn: results (or the function's error) back to
+  the ranks that own the samples; return this rank's results.
 
-A mode moves data only through the call's transfers (``_call.exchange``, ``_call.link``: the
-``_exchange`` procedures) and the column plumbing of ``_batch`` (merging frames, splitting results):
-it never sees a frame layout, a status row or a result block.
+A gathering mode (:class:`GatherMode`: its scoring ranks get the whole batch) writes less: ``route``
+(whose payload goes where), ``scores_here``, ``proxies`` (what ``log_extra``/``log_metric`` become) and
+``route_results``; :meth:`GatherMode.send_results`/:meth:`GatherMode.read_results` are its result transfer.
 
-Every hook returns an outcome (``_outcome``); none raises for a reason that only this rank knows: what
-this rank's own work inside a hook raises (decoding, slicing results -- a ``KeyboardInterrupt``
-included) is caught and travels as its failure. An exception that escapes a hook is a transport
-failure and breaks the session.
+Two rules, both kept by the framework rather than by each mode:
+
+* **local work goes through** :func:`local`. Decoding, slicing, building frames: any exception (a
+  ``KeyboardInterrupt`` included) becomes a :class:`~syncreward._outcome.LocalError`, this rank's failure,
+  which the mode hands to its next transfer (a transfer's ``Error`` is every rank's). No mode file catches
+  ``BaseException`` itself;
+* **lockstep**: every rank enters every transfer of the call, the one that failed included -- a failure is
+  what it sends. The framework (:func:`inputs_turn`, :func:`results_turn`) refuses a ``LocalError``
+  returned from ``route_inputs`` (never sent: the other ranks would go on) by breaking the group at once
+  with a :class:`ModeContractError` naming the mode, instead of a hang; a ``LocalError`` returned from
+  ``route_results`` (after the call's last transfer) is this rank's alone, and the framework makes this
+  rank's next call tell every rank (``_call.lost``).
+
+An exception that escapes a hook is a transport failure and breaks the session. A mode file imports
+neither ``_codec`` nor ``_wire``: no frame layout, status row or result block is its business.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from .._batch import read_frame, rebuild_result
-from .._call import Call, Inputs, Payload, device, encode, exchange, inputs, link, lost, merge, record
-from .._errors import CodecError
+from .._call import Call, Hooks, Inputs, Payload, device, encode, exchange, inputs, link, lost, merge, record
+from .._errors import CodecError, ModeContractError
 from .._exchange import OUTBOUND, Inbound, exchange_results
 from .._logs import Logs
 from .._options import Options
-from .._outcome import Error, Outcome, Value
+from .._outcome import Error, LocalError, Outcome, Value, local
 
-__all__ = ["GatherMode", "GatherScoring", "Mode", "Scoring"]
+__all__ = [
+    "GatherMode",
+    "GatherScoring",
+    "Mode",
+    "ModeOption",
+    "Scoring",
+    "inputs_turn",
+    "local",
+    "results_turn",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ModeOption:
+    """One option a mode declares: the decorator's keyword, its type as the signature spells it, default, check.
+
+    ``check(value)`` returns why a value is refused (``None``: accepted); it runs at decoration time on a
+    value other than the default. ``column``: the value names a per-sample column the mode reads itself
+    (``group_by=``): it travels whether the function reads it or not, and may not be a shared argument.
+    """
+
+    name: str
+    type: str
+    default: Any = None
+    check: Callable[[Any], str | None] | None = None
+    column: bool = False
 
 
 @dataclass(frozen=True)
 class Scoring:
-    """What a call's inbound exchange gave this rank: whether it scores, and with which arguments.
+    """What the call's inputs turn gave this rank: whether it scores, and with which arguments.
 
-    Each mode extends it with the state its :meth:`Mode.outbound` needs.
+    Each mode extends it with the state its :meth:`Mode.route_results` needs.
     """
 
     inputs: Value[Inputs] | Error | None  # None: this rank does not score; Error: its inputs failed here
@@ -65,25 +103,50 @@ class Mode(Generic[S]):
     """A way of spreading a call's scoring over the ranks (see the module docstring); ``S``: its scoring state."""
 
     name = ""
-    own_options: frozenset[str] = frozenset()  # options only this mode takes (others refuse them)
+    options: tuple[ModeOption, ...] = ()  # the options only this mode takes (the decorator refuses them elsewhere)
     # whether one rank's shared arguments score other ranks' samples, so every rank must pass the same ones
     # (checked in the call's header: ``Call.shared``)
     shares_arguments = True
 
-    def check(self, options: Options) -> None:
-        """Raise ``ValueError`` for options this mode cannot run with (at decoration time)."""
-        for option in ("group_size", "group_by"):
-            if option not in self.own_options and getattr(options, option) is not None:
-                raise ValueError("group_size/group_by only apply to mode='shard'")
+    def check(self, values: Mapping[str, Any]) -> None:
+        """Raise ``ValueError`` for a combination of this mode's options it cannot run with (decoration time).
+
+        ``values``: each declared option's value (given, or its default); each was checked on its own already.
+        """
+
+    def option(self, options: Options, name: str) -> Any:
+        """The value of this mode's option ``name`` in ``options`` (its declared default where not given)."""
+        for k, v in options.mode_options:
+            if k == name:
+                return v
+        return next(o.default for o in self.options if o.name == name)
 
     def prepare(self, call: Call) -> Payload:
         return encode(call)
 
-    def inbound(self, call: Call, payload: Outcome[Payload]) -> Value[S] | Error:
+    def route_inputs(self, call: Call, payload: Outcome[Payload]) -> Value[S] | Error:
         raise NotImplementedError
 
-    def outbound(self, call: Call, scoring: S, result: Outcome[Any]) -> Outcome[Any]:
+    def route_results(self, call: Call, scoring: S, result: Outcome[Any]) -> Outcome[Any]:
         raise NotImplementedError
+
+
+def inputs_turn(mode: Hooks, call: Call, payload: Outcome[Payload]) -> Value[Any] | Error:
+    """The call's inputs turn: ``mode.route_inputs``, held to the lockstep rule (see the module docstring)."""
+    got = mode.route_inputs(call, payload)
+    if isinstance(got, LocalError):
+        raise ModeContractError(
+            f"mode {mode.name!r} returned this rank's own failure from route_inputs without sending it "
+            f"({type(got.error).__name__}: {got.error}), so the other ranks would go on without it. HINT: a bug in "
+            "the mode: hand a failure of local() to the call's next transfer (every rank enters every transfer)."
+        ) from got.error
+    return got
+
+
+def results_turn(mode: Hooks, call: Call, scoring: Any, result: Outcome[Any]) -> Outcome[Any]:
+    """The call's results turn: ``mode.route_results``; a failure after its last transfer is told at the next call."""
+    got = mode.route_results(call, scoring, result)
+    return lost(call, got.error) if isinstance(got, LocalError) else got
 
 
 @dataclass(frozen=True)
@@ -112,7 +175,7 @@ class GatherMode(Mode[GatherScoring]):
     def proxies(self, call: Call, logs: Logs, inbound: Inbound) -> dict[str, Any]:
         raise NotImplementedError
 
-    def inbound(self, call: Call, payload: Outcome[Payload]) -> Value[GatherScoring] | Error:
+    def route_inputs(self, call: Call, payload: Outcome[Payload]) -> Value[GatherScoring] | Error:
         got = exchange(call, payload, self.route(call.world_size))
         if isinstance(got, Error):
             return got
@@ -122,10 +185,7 @@ class GatherMode(Mode[GatherScoring]):
         """The global columns, where this rank scores (``None`` elsewhere; an ``Error`` if decoding failed)."""
         if not self.scores_here(call):
             return None
-        try:
-            return Value(merge(call, got, got.frames, dict(enumerate(got.counts)), lambda v, c: v))
-        except BaseException as e:
-            return Error(e)
+        return local(merge, call, got, got.frames, dict(enumerate(got.counts)), lambda v, c: v)
 
     def scoring_for(
         self, call: Call, inbound: Inbound, values: Value[dict[str, Any]] | Error | None, reused: bool = False
@@ -143,7 +203,7 @@ class GatherMode(Mode[GatherScoring]):
         """A reward group's hit whose call failed on this rank before its turn (``failure``): nothing is scored here.
 
         Every rank's call is a hit (no inbound exchange), so ``failure`` travels in the result exchange: as
-        this rank's inputs, which :meth:`outbound` sends as its failure whether or not this rank scores.
+        this rank's inputs, which :meth:`Mode.route_results` sends as its failure whether or not this rank scores.
         """
         logs = Logs(call.bound, call.spec.name) if self.scores_here(call) else None
         return GatherScoring(failure, logs, inbound, reused=True)
@@ -171,12 +231,15 @@ class GatherMode(Mode[GatherScoring]):
         )
 
     def read_results(self, call: Call, inbound: Inbound, body: bytes, root: int) -> Outcome[Any]:
-        """This rank's results, from the body ``root`` sent it: rows checked, log records replayed, on its device."""
-        try:
-            nrows, cols, meta = read_frame(body, call.spec.options.allow_pickle)
-            if nrows != inbound.counts[call.rank]:
-                raise CodecError(f"rank {root} sent {nrows} results for {inbound.counts[call.rank]} samples")
-            Logs(call.bound, call.spec.name).replay(meta.get("logs", ()))
-            return Value(rebuild_result(meta.get("keys"), cols, device(call)))
-        except BaseException as e:  # everything was exchanged: a local failure, told at this rank's next call
-            return lost(call, e)
+        """This rank's results, from the body ``root`` sent it: rows checked, log records replayed, on its device.
+
+        After the call's last transfer: a failure here is a ``LocalError`` (told at this rank's next call).
+        """
+        return local(self._read, call, inbound, body, root)
+
+    def _read(self, call: Call, inbound: Inbound, body: bytes, root: int) -> Any:
+        nrows, cols, meta = read_frame(body, call.spec.options.allow_pickle)
+        if nrows != inbound.counts[call.rank]:
+            raise CodecError(f"rank {root} sent {nrows} results for {inbound.counts[call.rank]} samples")
+        Logs(call.bound, call.spec.name).replay(meta.get("logs", ()))
+        return rebuild_result(meta.get("keys"), cols, device(call))

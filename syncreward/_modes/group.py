@@ -60,10 +60,9 @@ import torch
 from .._binding import Bound
 from .._call import Call, Payload, exchange
 from .._exchange import Inbound
-from .._options import Options
-from .._outcome import Error, Outcome, Value, capture
+from .._outcome import Error, Outcome, Value
 from .._session import Session
-from ._base import GatherMode, GatherScoring, Mode
+from ._base import GatherMode, GatherScoring, Mode, local
 
 __all__ = ["GroupMode", "RewardGroup", "reward_group"]
 
@@ -160,14 +159,12 @@ class GroupMode(Mode[GatherScoring]):
         self.group = group
         self.name = base.name
         self.shares_arguments = base.shares_arguments
-
-    def check(self, options: Options) -> None:
-        self.base.check(options)
+        self.options = base.options
 
     def prepare(self, call: Call) -> Payload:
         return Payload()  # encoding waits for the inbound turn: a hit sends nothing
 
-    def inbound(self, call: Call, payload: Outcome[Payload]) -> Value[GatherScoring] | Error:
+    def route_inputs(self, call: Call, payload: Outcome[Payload]) -> Value[GatherScoring] | Error:
         base, session = self.base, call.session
         kept = self.group.kept(session)
         if call.bound is not None and kept is not None and kept.matches(call.bound):
@@ -178,7 +175,7 @@ class GroupMode(Mode[GatherScoring]):
             return Value(base.scoring_for(call, kept.inbound, kept.values_copy(), reused=True))
         self.group.misses += 1
         if isinstance(payload, Value):  # encoded in this turn: any failure (a KeyboardInterrupt too) travels
-            payload = capture(base.prepare, call)
+            payload = local(base.prepare, call)
         proves = call.bound is not None and all(proves_identity(c.values) for c in call.bound.columns)
         got = exchange(call, payload, base.route(call.world_size), mode_word=int(proves))
         if isinstance(got, Error):
@@ -189,12 +186,12 @@ class GroupMode(Mode[GatherScoring]):
         if call.bound is not None:
             # kept on every rank whatever happens next, so that every rank decides the next calls alike (a
             # merge that failed here is kept too: a hit then fails, and fails on every rank)
-            local = {c.name: c.values for c in call.bound.columns}
+            objects = {c.name: c.values for c in call.bound.columns}
             lengths = {c.name: len(c.values) for c in call.bound.columns}
-            kept = _Kept(call.bound.step, local, lengths, all(inbound.headers.mode_words), inbound, values)
+            kept = _Kept(call.bound.step, objects, lengths, all(inbound.headers.mode_words), inbound, values)
             self.group.keep(session, kept)
             values = kept.values_copy()
         return Value(base.scoring_for(call, inbound, values))
 
-    def outbound(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
-        return self.base.outbound(call, scoring, result)
+    def route_results(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
+        return self.base.route_results(call, scoring, result)

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from .._batch import split_result
-from .._call import Call, Payload, encodable_here, encode, lost
+from .._call import Call, Payload, encodable_here, encode
 from .._exchange import Inbound
 from .._logs import Logs
 from .._outcome import Error, Outcome, Value
-from ._base import GatherMode, GatherScoring
+from ._base import GatherMode, GatherScoring, local
 
 __all__ = ["MainMode"]
 
@@ -51,7 +51,7 @@ class MainMode(GatherMode):
     def proxies(self, call: Call, logs: Logs, inbound: Inbound) -> dict[str, Any]:
         return logs.recording()
 
-    def outbound(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
+    def route_results(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
         if call.rank != ROOT:
             got = self.send_results(call, scoring, None, ROOT)
             return got if isinstance(got, Error) else self.read_results(call, scoring.inbound, got.value, ROOT)
@@ -73,8 +73,5 @@ class MainMode(GatherMode):
         got = self.send_results(call, scoring, split.value.frames if isinstance(split, Value) else split.error, ROOT)
         if isinstance(got, Error) or isinstance(split, Error):
             return got
-        try:
-            logs.replay(split.value.logs[ROOT])
-        except BaseException as e:  # after the last exchange: told at this rank's next call
-            return lost(call, e)
-        return Value(split.value.result)
+        replayed = local(logs.replay, split.value.logs[ROOT])  # after the last transfer: a LocalError is told later
+        return replayed if isinstance(replayed, Error) else Value(split.value.result)

@@ -44,7 +44,7 @@ class ReplicateMode(GatherMode):
         lo, hi = inbound.offsets[call.rank], inbound.offsets[call.rank + 1]
         return logs.forwarding(lo, hi, inbound.total)
 
-    def outbound(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
+    def route_results(self, call: Call, scoring: GatherScoring, result: Outcome[Any]) -> Outcome[Any]:
         got = scoring.inbound
         split = (
             split_result(result.value, got.offsets, call.spec.name, here=call.rank)

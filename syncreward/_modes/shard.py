@@ -15,21 +15,20 @@ if two differ every rank raises. Dict results are matched by key, never by posit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .._batch import Split, encode_rows, read_frame, reassemble, split_result, take
-from .._call import Call, Payload, device, encode, exchange, inputs, link, lost, merge
+from .._call import Call, Payload, device, encode, exchange, inputs, link, merge
 from .._errors import CodecError, InputError
 from .._exchange import INBOUND, OUTBOUND, Inbound
 from .._keys import KEY_BYTES, group_keys
 from .._logs import Logs
-from .._options import Options
 from .._outcome import Error, Outcome, Value
-from ._base import Mode, Scoring
+from ._base import Mode, ModeOption, Scoring, local
 
 __all__ = ["KEY_BYTES", "ShardMode", "assign_by_key", "assign_by_size", "group_keys"]
 
@@ -108,22 +107,30 @@ class ShardScoring(Scoring):
     plan: _Shard
 
 
+def _positive_int(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return f"group_size must be a positive int, not {value!r}"
+    return None
+
+
+def _column_name(value: Any) -> str | None:
+    return None if isinstance(value, str) else f"group_by must name a per-sample column (a str), not {value!r}"
+
+
 class ShardMode(Mode[ShardScoring]):
     name = "shard"
-    own_options = frozenset({"group_size", "group_by"})
+    options = (
+        ModeOption("group_size", "int | None", None, _positive_int),
+        ModeOption("group_by", "str | None", None, _column_name, column=True),
+    )
 
-    def check(self, options: Options) -> None:
-        group_size, group_by = options.group_size, options.group_by
-        if (group_size is None) == (group_by is None):
+    def check(self, values: Mapping[str, Any]) -> None:
+        if (values["group_size"] is None) == (values["group_by"] is None):
             raise ValueError("mode='shard' needs exactly one of group_size=K or group_by='<column>'")
-        if group_size is not None and (
-            isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
-        ):
-            raise ValueError(f"group_size must be a positive int, not {group_size!r}")
 
     def prepare(self, call: Call) -> Payload:
         assert call.bound is not None
-        by = call.spec.options.group_by
+        by = self.option(call.spec.options, "group_by")
         if by is not None and by not in call.names:
             raise InputError(f"group_by={by!r} is not a per-sample argument of this call (columns: {call.names})")
         # Drop decisions and encodability are checked on the full local frame; the frames actually sent are
@@ -136,41 +143,38 @@ class ShardMode(Mode[ShardScoring]):
 
     # ------------------------------------------------------------------------------------------ inbound
 
-    def inbound(self, call: Call, payload: Outcome[Payload]) -> Value[ShardScoring] | Error:
+    def route_inputs(self, call: Call, payload: Outcome[Payload]) -> Value[ShardScoring] | Error:
         w, me = call.world_size, call.rank
         key_frame = bytes(payload.value.frame) if isinstance(payload, Value) else b""
         got = exchange(call, payload, None, mode_word=len(key_frame))  # the mode word: the key frame's size
         if isinstance(got, Error):
             return got
         inbound = got.value
-        error: BaseException | None = None
-        frames: list[bytes | bytearray] = [b""] * w
-        try:
-            group_size = call.spec.options.group_size
-            if group_size is not None:
-                if call.bound is not None and inbound.counts[me] != call.bound.n:  # (group_by: the key frames check)
-                    raise CodecError(
-                        f"this rank's header announced {inbound.counts[me]} samples for its {call.bound.n}"
-                    )
-                plan = _Shard.of_size(group_size, inbound.offsets, me, w)
-            else:
-                dest = self._assign_by_key(call, key_frame, inbound.headers.mode_words, inbound.counts)
-                plan = _Shard.of_dest(dest, inbound.offsets, me, w)
-            frames = self._frames(call, inbound, plan)
-        except BaseException as e:
-            error = e
-        sent = link(call, INBOUND).sized_exchange(error, frames)
+        planned = local(self._plan, call, inbound, key_frame)
+        plan = planned.value if isinstance(planned, Value) else _Shard([], {}, w)
+        frames = self._frames(call, inbound, plan) if isinstance(planned, Value) else [b""] * w
+        sent = link(call, INBOUND).sized_exchange(planned.error if isinstance(planned, Error) else None, frames)
         if isinstance(sent, Error):
             return sent
         logs = Logs(call.bound, call.spec.name)
         if not plan.share:
             return Value(ShardScoring(None, logs, inbound, plan))
-        try:
-            parts = dict(enumerate(sent.value.parts))
-            values = merge(call, inbound, parts, plan.share, lambda v, c: take(v, c, plan.sent[me]))
-        except BaseException as e:
-            return Value(ShardScoring(Error(e), logs, inbound, plan))
-        return Value(ShardScoring(inputs(call, inbound, values, logs.recording), logs, inbound, plan))
+        parts = dict(enumerate(sent.value.parts))
+        values = local(merge, call, inbound, parts, plan.share, lambda v, c: take(v, c, plan.sent[me]))
+        if isinstance(values, Error):  # this rank's inputs failed: its scoring's outcome, sent in its results turn
+            return Value(ShardScoring(values, logs, inbound, plan))
+        return Value(ShardScoring(inputs(call, inbound, values.value, logs.recording), logs, inbound, plan))
+
+    def _plan(self, call: Call, inbound: Inbound, key_frame: bytes) -> _Shard:
+        """Which rank scores each sample (from the group size, or every rank's group keys)."""
+        w, me = call.world_size, call.rank
+        group_size = self.option(call.spec.options, "group_size")
+        if group_size is not None:
+            if call.bound is not None and inbound.counts[me] != call.bound.n:  # (group_by: the key frames check)
+                raise CodecError(f"this rank's header announced {inbound.counts[me]} samples for its {call.bound.n}")
+            return _Shard.of_size(group_size, inbound.offsets, me, w)
+        dest = self._assign_by_key(call, key_frame, inbound.headers.mode_words, inbound.counts)
+        return _Shard.of_dest(dest, inbound.offsets, me, w)
 
     def _assign_by_key(self, call: Call, key_frame: bytes, sizes: list[int], counts: list[int]) -> list[int]:
         keys: list[bytes] = []
@@ -178,7 +182,7 @@ class ShardMode(Mode[ShardScoring]):
             if len(blob) != KEY_BYTES * counts[s]:
                 raise CodecError(f"rank {s} sent {len(blob)} bytes of group keys for {counts[s]} samples")
             keys.extend(blob[i : i + KEY_BYTES] for i in range(0, len(blob), KEY_BYTES))
-        return assign_by_key(keys, call.world_size, str(call.spec.options.group_by))
+        return assign_by_key(keys, call.world_size, str(self.option(call.spec.options, "group_by")))
 
     def _frames(self, call: Call, inbound: Inbound, plan: _Shard) -> list[bytes | bytearray]:
         assert call.bound is not None
@@ -191,7 +195,7 @@ class ShardMode(Mode[ShardScoring]):
 
     # ------------------------------------------------------------------------------------------ outbound
 
-    def outbound(self, call: Call, scoring: ShardScoring, result: Outcome[Any]) -> Outcome[Any]:
+    def route_results(self, call: Call, scoring: ShardScoring, result: Outcome[Any]) -> Outcome[Any]:
         w, me = call.world_size, call.rank
         plan, logs = scoring.plan, scoring.logs
         assert logs is not None
@@ -233,20 +237,22 @@ class ShardMode(Mode[ShardScoring]):
                     "the same container with the same keys and dtype for every group, e.g. always a list of floats."
                 )
             )
-        try:
-            parts: dict[int, tuple[list[Any], dict[str, Any]]] = {}
-            for s, frame in enumerate(sent.value.parts):
-                if s == me:
-                    if cut is not None and cut.here is not None:
-                        parts[s] = (cut.here, {"keys": cut.keys, "logs": cut.logs[me], "scored": n})
-                elif len(frame):
-                    nrows, cols, meta = read_frame(frame.data, call.spec.options.allow_pickle)
-                    if nrows != len(plan.sent[s]):
-                        raise CodecError(f"rank {s} returned {nrows} results for {len(plan.sent[s])} samples")
-                    parts[s] = (cols, meta)
-            return Value(self._assemble(call, plan, logs, parts))
-        except BaseException as e:  # everything was exchanged: a local failure, told at this rank's next call
-            return lost(call, e)
+        return local(self._collect, call, plan, logs, cut, n, sent.value.parts)  # after the last transfer
+
+    def _collect(self, call: Call, plan: _Shard, logs: Logs, cut: Split | None, n: int, frames: Sequence[Any]) -> Any:
+        """This rank's results: its own cut and every other scoring rank's frame, put back in its sample order."""
+        me = call.rank
+        parts: dict[int, tuple[list[Any], dict[str, Any]]] = {}
+        for s, frame in enumerate(frames):
+            if s == me:
+                if cut is not None and cut.here is not None:
+                    parts[s] = (cut.here, {"keys": cut.keys, "logs": cut.logs[me], "scored": n})
+            elif len(frame):
+                nrows, cols, meta = read_frame(frame.data, call.spec.options.allow_pickle)
+                if nrows != len(plan.sent[s]):
+                    raise CodecError(f"rank {s} returned {nrows} results for {len(plan.sent[s])} samples")
+                parts[s] = (cols, meta)
+        return self._assemble(call, plan, logs, parts)
 
     def _assemble(
         self, call: Call, plan: _Shard, logs: Logs, parts: dict[int, tuple[list[Any], dict[str, Any]]]

@@ -227,7 +227,8 @@ class _Coordinator:
                 if not slot.event.is_set():
                     missing = [r for r in range(self.world_size) if slot.parts[r] is None]
                     self._break(
-                        f"rank(s) {missing} of Ray group {self.group!r} did not arrive within timeout={timeout:g}s",
+                        f"rank(s) {missing} of Ray group {self.group!r} did not arrive within "
+                        f"timeout={round(timeout, 1):g}s",
                         TIMEOUT,
                         missing_of=True,
                     )

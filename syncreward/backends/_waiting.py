@@ -19,6 +19,8 @@ import time
 from collections.abc import Sequence
 from contextvars import ContextVar
 
+from .._errors import seconds
+
 __all__ = ["CALL", "WaitLog"]
 
 log = logging.getLogger(__name__)
@@ -56,12 +58,12 @@ class WaitLog:
         waited = time.monotonic() - self._started
         who = f"rank(s) {list(missing)}" if missing else "which ranks is unknown"
         log.warning(
-            "syncreward: %s has waited %.0fs of timeout=%gs for the other ranks to %s; not arrived: %s. HINT: a "
+            "syncreward: %s has waited %.0fs of timeout=%ss for the other ranks to %s; not arrived: %s. HINT: a "
             "rank still scoring a slow reward is fine; a rank that hangs, exited or skipped this synced call makes "
             "this call fail at timeout= (set timeout= to what one call may take; docs/troubleshooting.md).",
             CALL.get(),
             waited,
-            self._timeout,
+            seconds(self._timeout),  # the call's time left when this wait began
             waiting_for,
             who,
         )

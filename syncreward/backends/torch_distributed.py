@@ -92,6 +92,7 @@ import ctypes
 import datetime
 import functools
 import logging
+import math
 import os
 import sys
 import threading
@@ -111,6 +112,7 @@ from .._errors import (
     first_line,
     late_message,
     left_message,
+    seconds,
     timeout_message,
 )
 from ._waiting import WaitLog
@@ -684,7 +686,7 @@ class TorchDistributedBackend:
         if record.startswith("T"):
             if store is not None and waited_for is not None and self._rank not in waited_for:
                 raise self._setup_timed_out(store, records, timeout, name, waited_for)
-            raise CommunicationError(late_message(record[1:], timeout))
+            raise CommunicationError(late_message(record[1:]))
         if record.startswith("E"):
             raise CommunicationError(_error_message(record[1:]))
         raise CommunicationError(
@@ -747,7 +749,7 @@ class TorchDistributedBackend:
     ) -> np.ndarray:
         group = self._begin(channel, timeout)
         out = torch.empty(int(sum(recv_counts)), dtype=torch.uint8, device=_CPU)  # never the user's default
-        opts = _all_to_all_options(timeout)
+        opts = _all_to_all_options(math.ceil(timeout))  # whole seconds: the call's time left varies per call
         if not send.flags.writeable:  # torch.from_numpy warns on read-only arrays (gloo only reads it)
             send = send.copy()
         try:
@@ -768,7 +770,7 @@ class TorchDistributedBackend:
         """
         group = self._begin(channel, timeout)
         out = torch.empty(size, dtype=torch.uint8, device=_CPU)
-        opts = _scatter_options(root, timeout)
+        opts = _scatter_options(root, math.ceil(timeout))
         if self._rank == root and not send.flags.writeable:
             send = send.copy()
         try:
@@ -788,7 +790,7 @@ class TorchDistributedBackend:
         group = self._channel(channel, timeout)
         if time.monotonic() - self._last_done > timeout / 2 and self._check_peers():
             # the others gave up on this rank while it was away: raise with them, never complete the exchange
-            raise CommunicationError(late_message(self._abort_text(), timeout))
+            raise CommunicationError(late_message(self._abort_text()))
         return group
 
     # ------------------------------------------------------------------------------------------ waiting
@@ -940,7 +942,7 @@ class TorchDistributedBackend:
             try:
                 # first of all, so that a rank arriving now raises with us instead of completing the exchange
                 if self._peer_abort() is None:
-                    self._store.set("abort", f"Trank {self._rank} gave up after waiting {timeout:g}s")
+                    self._store.set("abort", f"Trank {self._rank} gave up after waiting {seconds(timeout)}s")
                 self._store.set(f"arrived/{channel}/{self._rank}", str(op))
                 # the ranks that waited have said so already; give the ones that arrived just now a moment
                 end = time.monotonic() + _GRACE_S
@@ -951,7 +953,7 @@ class TorchDistributedBackend:
                     time.sleep(0.05)
                 # a rank that arrives later must not wait out its own timeout for ranks that gave up
                 if (self._peer_abort() or "T").startswith("T"):
-                    self._store.set("abort", f"Trank {self._rank} waited {timeout:g}s for rank(s) {missing}")
+                    self._store.set("abort", f"Trank {self._rank} waited {seconds(timeout)}s for rank(s) {missing}")
             except Exception:
                 missing = []
         raise SyncTimeoutError(timeout_message(missing, timeout), missing)

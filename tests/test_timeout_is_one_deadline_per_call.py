@@ -1,0 +1,85 @@
+"""``timeout=`` is one deadline per call: every wait of a call shares it, none starts a clock of its own.
+
+In both cases rank 1's call waits twice, each wait shorter than ``timeout`` and both together longer:
+first for rank 0 to arrive (``LATE`` s), then for rank 0 to score (``SCORING`` s). With a clock per
+wait the call returned after ``LATE + SCORING`` s; with one deadline it raises ``SyncTimeoutError``
+at ``timeout`` (naming rank 0, which has not sent its results), not later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import syncreward
+from syncreward import synced_reward
+from syncreward.testing import run_threads
+
+TIMEOUT = 4.0
+LATE = 3.0  # rank 0 calls this much later than rank 1
+SCORING = 3.0  # and scores this long: each wait < TIMEOUT, together > TIMEOUT
+MARGIN = 1.5  # a hang detector's margin: rank 1 raises well before LATE + SCORING
+
+
+def _slow(completions: list[str]) -> list[float]:
+    time.sleep(SCORING)  # runs on rank 0 only (mode="main")
+    return [1.0] * len(completions)
+
+
+async def _slow_async(completions: list[str]) -> list[float]:
+    await asyncio.sleep(SCORING)
+    return [2.0] * len(completions)
+
+
+def _timed(fn: Any) -> tuple[str, Any, float]:
+    t0 = time.monotonic()
+    try:
+        return "ok", fn(), time.monotonic() - t0
+    except syncreward.SyncTimeoutError as e:
+        return "SyncTimeoutError", e.missing_ranks, time.monotonic() - t0
+    except syncreward.SyncRewardError as e:
+        return type(e).__name__, str(e)[:200], time.monotonic() - t0
+
+
+def test_timeout_is_one_deadline_per_call_across_the_inbound_and_result_waits() -> None:
+    reward = synced_reward(timeout=TIMEOUT)(_slow)
+
+    def body(rank: int, world_size: int) -> tuple[str, Any, float]:
+        if rank == 0:
+            time.sleep(LATE)
+        return _timed(lambda: reward([f"c{rank}"]))
+
+    got = run_threads(body, 2, timeout=60)
+    kind, missing, seconds = got[1]
+    assert (kind, missing) == ("SyncTimeoutError", (0,)), got
+    assert TIMEOUT - 0.2 < seconds < TIMEOUT + MARGIN, got  # not LATE + SCORING
+    assert got[0][0] != "ok", got  # rank 0's results never reached rank 1: it does not report success either
+
+
+def test_timeout_is_one_deadline_per_call_across_the_turn_wait_and_the_async_wait() -> None:
+    """Two async calls at once: rank 1's second call waits for its turn behind the first, then for its results."""
+    reward = synced_reward(timeout=TIMEOUT)(_slow_async)
+
+    async def both(rank: int) -> list[tuple[str, Any, float]]:
+        async def one(i: int) -> tuple[str, Any, float]:
+            t0 = time.monotonic()
+            try:
+                return "ok", await reward([f"c{rank}.{i}"]), time.monotonic() - t0
+            except syncreward.SyncTimeoutError as e:
+                return "SyncTimeoutError", e.missing_ranks, time.monotonic() - t0
+            except syncreward.SyncRewardError as e:
+                return type(e).__name__, str(e)[:200], time.monotonic() - t0
+
+        return list(await asyncio.gather(one(0), one(1)))
+
+    def body(rank: int, world_size: int) -> list[tuple[str, Any, float]]:
+        if rank == 0:
+            time.sleep(LATE)
+        return asyncio.run(both(rank))
+
+    got = run_threads(body, 2, timeout=60)
+    for kind, _, seconds in got[1]:
+        assert kind in ("SyncTimeoutError", "GroupBrokenError"), got  # the first to time out breaks the group
+        assert seconds < TIMEOUT + MARGIN, got  # not LATE + SCORING
+    assert any(kind == "SyncTimeoutError" for kind, _, _ in got[1]), got
