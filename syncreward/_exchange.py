@@ -17,7 +17,8 @@ The transfers:
 * :meth:`Link.disagreement` -- whether every rank's :class:`~syncreward._wire.CallCheck` names the same
   call: where not, every rank learns every rank's description (:meth:`Link.mismatch`) or, for the same
   call with different shared arguments, every rank's values of them (:meth:`Link.shared_mismatch`);
-* :meth:`Link.scatter`, :meth:`Link.broadcast_blobs` -- from one rank to each, from each to every one;
+* :meth:`Link.scatter`, :meth:`Link.gather`, :meth:`Link.broadcast_blobs` -- from one rank to each, from each
+  to one, from each to every one;
 * :func:`exchange_results` -- one rank's result bodies to every rank, in blocks sized by the previous
   call (``mode="main"``).
 """
@@ -59,7 +60,7 @@ from ._wire import (
     shared_values_by_rank,
     split,
 )
-from .backends._protocol import scatters
+from .backends._protocol import gathers, scatters
 
 __all__ = [
     "INBOUND",
@@ -153,6 +154,24 @@ class Link:
             self.all_to_all(rest, [0 if d == root else size for d in range(w)], [0] * w)
             return np.frombuffer(mine, dtype=np.uint8)
         return self.all_to_all(b"", [0] * w, [size if s == root else 0 for s in range(w)])
+
+    def gather(self, block: bytes | bytearray | np.ndarray, size: int, root: int) -> np.ndarray:
+        """Every rank sends rank ``root`` its ``size``-byte ``block``; ``root`` gets the W blocks in rank order.
+
+        Every other rank gets an empty array. A backend with the optional ``gather`` sends W - 1 messages;
+        otherwise an ``all_to_all`` carries the same bytes (gloo's ``alltoallv`` sends W(W - 1)).
+        """
+        w, me = self.world_size, self.rank
+        data = block if isinstance(block, np.ndarray) else np.frombuffer(block, dtype=np.uint8)
+        if data.size != size:
+            raise ValueError(f"a gather block of {data.size} bytes where every rank sends {size}")
+        if (gathering := gathers(self.session.backend)) is not None:
+            return gathering.gather(data, size, root=root, channel=self.channel, timeout=self.timeout)
+        if me == root:
+            got = self.all_to_all(b"", [0] * w, [0 if s == root else size for s in range(w)])
+            return np.concatenate([got[: root * size], data, got[root * size :]])
+        self.all_to_all(data, [size if d == root else 0 for d in range(w)], [0] * w)
+        return np.empty(0, dtype=np.uint8)
 
     def broadcast_blobs(self, blob: bytes, sizes: Sequence[int]) -> list[bytes]:
         """Every rank sends its ``blob`` (``sizes[rank]`` bytes, may be empty) to every rank."""

@@ -1,0 +1,73 @@
+"""The optional ``gather`` capability (``Gathers``): every rank's block to one rank, W - 1 messages.
+
+``_exchange.Link.gather`` uses a backend's ``gather`` where it has one, else the same bytes go through
+``all_to_all``; both give the root every rank's block in rank order and every other rank nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import syncreward
+from syncreward._exchange import INBOUND, Link
+from syncreward._session import session_for
+from syncreward.backends._protocol import gathers
+from syncreward.testing import ThreadBackend, ThreadGroup, run_ranks, run_threads
+
+SIZE = 5
+
+
+class _CollectivesOnly:
+    """A backend with the two required collectives only: ``Link.gather`` falls back to ``all_to_all``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.rank, self.world_size = inner.rank, inner.world_size
+        self.all_gather, self.all_to_all = inner.all_gather, inner.all_to_all
+
+
+def _block(rank: int) -> bytes:
+    return bytes((rank * 10 + i) % 256 for i in range(SIZE))
+
+
+def _gathered(backend: Any, root: int) -> list[bytes]:
+    link = Link(session_for(backend, "f"), INBOUND, 60.0, "f")
+    got = link.gather(_block(backend.rank), SIZE, root)
+    return [got[i * SIZE : (i + 1) * SIZE].tobytes() for i in range(got.size // SIZE)]
+
+
+def _body(rank: int, world_size: int, root: int, plain: bool) -> list[bytes]:
+    backend = syncreward.resolve_backend("auto")
+    return _gathered(_CollectivesOnly(backend) if plain else backend, root)
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["gather", "all_to_all"])
+@pytest.mark.parametrize("root", [0, 2])
+def test_gather_gives_the_root_every_rank_block_in_rank_order(root: int, plain: bool) -> None:
+    results = run_threads(_body, 3, root, plain)
+    for rank, got in enumerate(results):
+        assert got == ([_block(r) for r in range(3)] if rank == root else []), (rank, got)
+
+
+def test_gather_capability_is_found_on_the_thread_backend_and_not_on_a_backend_without_it() -> None:
+    backend = ThreadBackend(ThreadGroup(2), 0)
+    assert gathers(backend) is backend
+    assert gathers(_CollectivesOnly(backend)) is None
+
+
+def test_gather_of_a_block_of_another_size_is_refused() -> None:
+    link = Link(session_for(ThreadBackend(ThreadGroup(2), 0), "f"), INBOUND, 1.0, "f")
+    with pytest.raises(ValueError, match="every rank sends 4"):
+        link.gather(b"abc", 4, 0)
+
+
+def _torch_body(rank: int, world_size: int, root: int) -> list[bytes]:
+    return _gathered(syncreward.resolve_backend("torch"), root)
+
+
+@pytest.mark.multiprocess
+def test_gather_gives_the_root_every_rank_block_in_rank_order_over_gloo() -> None:
+    results = run_ranks(_torch_body, 3, 1, timeout=120)
+    for rank, got in enumerate(results):
+        assert got == ([_block(r) for r in range(3)] if rank == 1 else []), (rank, got)
