@@ -25,8 +25,6 @@ The transfers:
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -447,19 +445,6 @@ def _blocks(header: bytes, payload: bytes | bytearray, counts: Sequence[int], mi
 
 # ------------------------------------------------------------------------------------------------ results
 
-_RESULT_BLOCKS: weakref.WeakKeyDictionary[Session, ResultBlocks] = weakref.WeakKeyDictionary()
-_RESULT_BLOCKS_LOCK = threading.Lock()
-
-
-def result_blocks(session: Session) -> ResultBlocks:
-    """The result blocks of :func:`exchange_results` on ``session``: the size every rank's next block has."""
-    blocks = _RESULT_BLOCKS.get(session)
-    if blocks is None:
-        with _RESULT_BLOCKS_LOCK:
-            blocks = _RESULT_BLOCKS.setdefault(session, ResultBlocks())
-    return blocks
-
-
 def exchange_results(
     link: Link,
     fp: int,
@@ -486,7 +471,7 @@ def exchange_results(
     ``Value(b"")`` or its own failure; elsewhere the body, or an ``Error`` every rank raises (``root``
     failed: a :class:`RemoteError`), or this rank's own (``root`` sent another call's results).
     """
-    blocks = result_blocks(link.session)
+    blocks = link.session.result_blocks
     if link.rank == root:
         return _send_results(link, blocks, fp, seq, counts, bodies, record, root)
     mine = bodies if isinstance(bodies, BaseException) and record is not None else None

@@ -71,3 +71,23 @@ def test_gather_gives_the_root_every_rank_block_in_rank_order_over_gloo() -> Non
     results = run_ranks(_torch_body, 3, 1, timeout=120)
     for rank, got in enumerate(results):
         assert got == ([_block(r) for r in range(3)] if rank == 1 else []), (rank, got)
+
+
+def _result_block_sizes(rank: int, world_size: int) -> tuple[int, int]:
+    backend = syncreward.resolve_backend("auto")
+
+    @syncreward.synced_reward
+    def long_tags(completions: list[str], **kwargs: Any) -> list[str]:
+        return [c * 300 for c in completions]
+
+    session = session_for(backend, "long_tags")
+    before = session.result_blocks.capacity
+    long_tags([f"r{rank}"] * 4)  # the first call's results outgrow the first block; the next block fits them
+    return before, session.result_blocks.capacity
+
+
+def test_main_result_block_size_is_kept_by_the_session() -> None:
+    """The size the previous call's result blocks announced lives on the session (every rank the same)."""
+    (before, after), *others = run_threads(_result_block_sizes, 2)
+    assert others == [(before, after)]
+    assert after > before
