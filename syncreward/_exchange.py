@@ -156,13 +156,12 @@ class Link:
     def gather(self, block: bytes | bytearray | np.ndarray, size: int, root: int) -> np.ndarray:
         """Every rank sends rank ``root`` its ``size``-byte ``block``; ``root`` gets the W blocks in rank order.
 
-        Every other rank gets an empty array. A backend with the optional ``gather`` sends W - 1 messages;
-        otherwise an ``all_to_all`` carries the same bytes (gloo's ``alltoallv`` sends W(W - 1)).
+        ``block`` holds exactly ``size`` bytes on every rank; every other rank gets an empty array. A backend
+        with the optional ``gather`` sends W - 1 messages; otherwise an ``all_to_all`` carries the same bytes
+        (gloo's ``alltoallv`` sends W(W - 1)).
         """
         w, me = self.world_size, self.rank
         data = block if isinstance(block, np.ndarray) else np.frombuffer(block, dtype=np.uint8)
-        if data.size != size:
-            raise ValueError(f"a gather block of {data.size} bytes where every rank sends {size}")
         if (gathering := gathers(self.session.backend)) is not None:
             return gathering.gather(data, size, root=root, channel=self.channel, timeout=self.timeout)
         if me == root:
@@ -444,6 +443,7 @@ def _blocks(header: bytes, payload: bytes | bytearray, counts: Sequence[int], mi
 
 
 # ------------------------------------------------------------------------------------------------ results
+
 
 def exchange_results(
     link: Link,

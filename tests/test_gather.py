@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 import syncreward
@@ -56,10 +57,10 @@ def test_gather_capability_is_found_on_the_thread_backend_and_not_on_a_backend_w
     assert gathers(_CollectivesOnly(backend)) is None
 
 
-def test_gather_of_a_block_of_another_size_is_refused() -> None:
-    link = Link(session_for(ThreadBackend(ThreadGroup(2), 0), "f"), INBOUND, 1.0, "f")
-    with pytest.raises(ValueError, match="every rank sends 4"):
-        link.gather(b"abc", 4, 0)
+def test_gather_of_a_block_of_another_size_is_a_protocol_violation_on_thread_ranks() -> None:
+    backend = ThreadBackend(ThreadGroup(2), 0)
+    with pytest.raises(syncreward.CommunicationError, match="protocol violation on rank 0: gather of uint8"):
+        backend.gather(np.zeros(3, dtype=np.uint8), 4, root=0, channel=0, timeout=1.0)
 
 
 def _torch_body(rank: int, world_size: int, root: int) -> list[bytes]:
