@@ -17,15 +17,14 @@ The transfers:
 * :meth:`Link.disagreement` -- whether every rank's :class:`~syncreward._wire.CallCheck` names the same
   call: where not, every rank learns every rank's description (:meth:`Link.mismatch`) or, for the same
   call with different shared arguments, every rank's values of them (:meth:`Link.shared_mismatch`);
-* :meth:`Link.scatter`, :meth:`Link.broadcast_blobs` -- from one rank to each, from each to every one;
+* :meth:`Link.scatter`, :meth:`Link.gather`, :meth:`Link.broadcast_blobs` -- from one rank to each, from each
+  to one, from each to every one;
 * :func:`exchange_results` -- one rank's result bodies to every rank, in blocks sized by the previous
   call (``mode="main"``).
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -61,7 +60,7 @@ from ._wire import (
     shared_values_by_rank,
     split,
 )
-from .backends._protocol import scatters
+from .backends._protocol import gathers, scatters
 
 __all__ = [
     "INBOUND",
@@ -154,6 +153,23 @@ class Link:
             self.all_to_all(rest, [0 if d == root else size for d in range(w)], [0] * w)
             return np.frombuffer(mine, dtype=np.uint8)
         return self.all_to_all(b"", [0] * w, [size if s == root else 0 for s in range(w)])
+
+    def gather(self, block: bytes | bytearray | np.ndarray, size: int, root: int) -> np.ndarray:
+        """Every rank sends rank ``root`` its ``size``-byte ``block``; ``root`` gets the W blocks in rank order.
+
+        ``block`` holds exactly ``size`` bytes on every rank; every other rank gets an empty array. A backend
+        with the optional ``gather`` sends W - 1 messages; otherwise an ``all_to_all`` carries the same bytes
+        (gloo's ``alltoallv`` sends W(W - 1)).
+        """
+        w, me = self.world_size, self.rank
+        data = block if isinstance(block, np.ndarray) else np.frombuffer(block, dtype=np.uint8)
+        if (gathering := gathers(self.session.backend)) is not None:
+            return gathering.gather(data, size, root=root, channel=self.channel, timeout=self.deadline.left())
+        if me == root:
+            got = self.all_to_all(b"", [0] * w, [0 if s == root else size for s in range(w)])
+            return np.concatenate([got[: root * size], data, got[root * size :]])
+        self.all_to_all(data, [size if d == root else 0 for d in range(w)], [0] * w)
+        return np.empty(0, dtype=np.uint8)
 
     def broadcast_blobs(self, blob: bytes, sizes: Sequence[int]) -> list[bytes]:
         """Every rank sends its ``blob`` (``sizes[rank]`` bytes, may be empty) to every rank."""
@@ -425,18 +441,6 @@ def _blocks(header: bytes, payload: bytes | bytearray, counts: Sequence[int], mi
 
 # ------------------------------------------------------------------------------------------------ results
 
-_RESULT_BLOCKS: weakref.WeakKeyDictionary[Session, ResultBlocks] = weakref.WeakKeyDictionary()
-_RESULT_BLOCKS_LOCK = threading.Lock()
-
-
-def result_blocks(session: Session) -> ResultBlocks:
-    """The result blocks of :func:`exchange_results` on ``session``: the size every rank's next block has."""
-    blocks = _RESULT_BLOCKS.get(session)
-    if blocks is None:
-        with _RESULT_BLOCKS_LOCK:
-            blocks = _RESULT_BLOCKS.setdefault(session, ResultBlocks())
-    return blocks
-
 
 def exchange_results(
     link: Link,
@@ -464,7 +468,7 @@ def exchange_results(
     ``Value(b"")`` or its own failure; elsewhere the body, or an ``Error`` every rank raises (``root``
     failed: a :class:`RemoteError`), or this rank's own (``root`` sent another call's results).
     """
-    blocks = result_blocks(link.session)
+    blocks = link.session.result_blocks
     if link.rank == root:
         return _send_results(link, blocks, fp, seq, counts, bodies, record, root)
     mine = bodies if isinstance(bodies, BaseException) and record is not None else None

@@ -14,9 +14,10 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
   turn, or a turn that never comes, breaks the session. All waiting work and every later call then
   raises :class:`~syncreward.GroupBrokenError` at once instead of waiting for a group that can no longer
   agree. A turn's transport failure is reworded here, once, in the call's words (``_errors.call_words``);
-* the **size predictions** of the inbound exchange: eager chunk sizes (:class:`~syncreward._wire.Predictor`,
-  changed only from headers every rank saw; ``mode="main"``'s result block size is the result exchange's
-  own, kept per session in ``_exchange``);
+* the **size predictions**: the inbound exchange's eager chunk sizes (:class:`~syncreward._wire.Predictor`,
+  changed only from headers every rank saw) and ``mode="main"``'s result blocks
+  (:class:`~syncreward._wire.ResultBlocks`: the size every rank's next block has, as the previous call's
+  blocks announced it);
 * the **in-flight calls** and the thread each came from, to refuse orderings that cannot be the same
   on every rank (calls from two threads at once) or that would deadlock (a blocking call on the event
   loop thread while an async call on that loop is pending);
@@ -53,7 +54,7 @@ from ._errors import (
 )
 from ._outcome import Error, Outcome, Value
 from ._turnstile import Latch, Turnstile
-from ._wire import Predictor
+from ._wire import Predictor, ResultBlocks
 from .backends import Backend
 from .backends._cache import on_release
 from .backends._protocol import abandons, aborts
@@ -78,6 +79,7 @@ class Session:
         self.latch = Latch()
         self.turns = (Turnstile(self.latch, self.break_), Turnstile(self.latch, self.break_))
         self.predictor = Predictor(self.world_size)
+        self.result_blocks = ResultBlocks()
         self._seq = 0
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[int, bool]] = {}  # seq -> (thread id, async)

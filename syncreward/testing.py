@@ -458,6 +458,18 @@ class ThreadBackend:
         block: np.ndarray = items[root][2][me * size : (me + 1) * size]
         return block
 
+    def gather(self, send: np.ndarray, size: int, *, root: int, channel: int, timeout: float) -> np.ndarray:
+        """The optional collective of :class:`syncreward.Backend`: every rank's ``size``-byte block to ``root``."""
+        me = self._rank
+        if send.dtype != np.uint8 or len(send) != size:
+            raise self.group.violation(me, f"gather of {send.dtype}[{len(send)}] in blocks of {size}")
+        items = self.group.exchange(channel, me, (root, int(size), send.copy()), timeout)
+        if {(r, n) for r, n, _ in items} != {(root, size)}:
+            raise self.group.violation(me, f"gather with (root, block size) {[(r, n) for r, n, _ in items]}")
+        if me != root:
+            return np.empty(0, dtype=np.uint8)
+        return np.concatenate([block for _, _, block in items])
+
     def abandon(self, reason: str) -> None:
         """The optional exit hook of :class:`syncreward.Backend`: abort the group, so no rank waits in it."""
         self.group.abort(reason)

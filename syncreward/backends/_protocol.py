@@ -1,8 +1,9 @@
-"""The contract between syncreward and a transport: two collectives on byte buffers, three optional extras.
+"""The contract between syncreward and a transport: two collectives on byte buffers, optional extras.
 
 :class:`Backend` is what every transport implements. A transport may also offer any of the capabilities
-:class:`Scatters`, :class:`Abandons`, :class:`Aborts` and :class:`Releases`, each one method; syncreward asks
-:func:`scatters`, :func:`abandons`, :func:`aborts` and :func:`releases` whether a backend has one: a method of the
+:class:`Scatters`, :class:`Gathers`, :class:`Abandons`, :class:`Aborts` and :class:`Releases`, each one method;
+syncreward asks :func:`scatters`, :func:`gathers`, :func:`abandons`, :func:`aborts` and :func:`releases` whether a
+backend has one: a method of the
 backend's class answers once per class; an object whose class has none is asked itself.
 """
 
@@ -13,7 +14,19 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Abandons", "Aborts", "Backend", "Releases", "Scatters", "abandons", "aborts", "releases", "scatters"]
+__all__ = [
+    "Abandons",
+    "Aborts",
+    "Backend",
+    "Gathers",
+    "Releases",
+    "Scatters",
+    "abandons",
+    "aborts",
+    "gathers",
+    "releases",
+    "scatters",
+]
 
 
 @runtime_checkable
@@ -29,8 +42,9 @@ class Backend(Protocol):
     remember failures: syncreward stops using a backend after any such error (every later call raises
     ``syncreward.GroupBrokenError`` without touching it).
 
-    A backend may also offer the optional capabilities below (:class:`Scatters`, :class:`Abandons`,
-    :class:`Aborts`, :class:`Releases`): one method each, found by its name and signature, no base class needed.
+    A backend may also offer the optional capabilities below (:class:`Scatters`, :class:`Gathers`,
+    :class:`Abandons`, :class:`Aborts`, :class:`Releases`): one method each, found by its name and signature, no
+    base class needed.
 
     Example:
         A third-party backend needs no base class (this one is a group of one rank):
@@ -96,6 +110,22 @@ class Scatters(Protocol):
 
 
 @runtime_checkable
+class Gathers(Protocol):
+    """A backend with a gather to one rank: W - 1 messages, where an ``all_to_all`` sends W(W - 1).
+
+    Without it, the same bytes go through ``all_to_all`` (``_exchange.Link.gather``).
+    """
+
+    def gather(self, send: np.ndarray, size: int, *, root: int, channel: int, timeout: float) -> np.ndarray:
+        """Every rank sends rank ``root`` one ``size``-byte block (``send``, uint8, exactly ``size`` bytes).
+
+        ``root`` returns the ``world_size`` blocks back to back, in rank order (its own included); every
+        other rank returns an empty array.
+        """
+        ...
+
+
+@runtime_checkable
 class Abandons(Protocol):
     """A backend whose exchanges can be made to return at once, so that no process's exit waits on a peer.
 
@@ -141,6 +171,7 @@ class Releases(Protocol):
 _capabilities: dict[tuple[type, type], bool] = {}  # (backend class, capability) -> whether the class has it
 _METHOD: dict[type, str] = {  # each one's method
     Scatters: "scatter",
+    Gathers: "gather",
     Abandons: "abandon",
     Aborts: "abort",
     Releases: "release",
@@ -166,6 +197,11 @@ def _has(backend: object, kind: type) -> bool:
 def scatters(backend: object) -> Scatters | None:
     """``backend`` if it has a :class:`Scatters` capability, else None."""
     return backend if _has(backend, Scatters) else None  # type: ignore[return-value]
+
+
+def gathers(backend: object) -> Gathers | None:
+    """``backend`` if it has a :class:`Gathers` capability, else None."""
+    return backend if _has(backend, Gathers) else None  # type: ignore[return-value]
 
 
 def abandons(backend: object) -> Abandons | None:

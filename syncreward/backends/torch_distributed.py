@@ -452,6 +452,14 @@ def _scatter_options(root: int, timeout: float) -> Any:
     return opts
 
 
+@functools.lru_cache(maxsize=64)
+def _gather_options(root: int, timeout: float) -> Any:
+    opts = dist.GatherOptions()
+    opts.rootRank = root
+    opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
+    return opts
+
+
 class TorchDistributedBackend:
     """Exchange over ``torch.distributed`` (any initialised process group, gloo or NCCL).
 
@@ -777,6 +785,26 @@ class TorchDistributedBackend:
             # W views of one tensor (one C call; Tensor.split's Python wrapper costs more at small W)
             inputs = [list(torch.from_numpy(send).view(self._world_size, size).unbind(0))] if self._rank == root else []
             work = group.scatter([out], inputs, opts)
+        except RuntimeError as e:
+            self._fail(e, channel, self._ops[channel] + 1)
+        self._wait(work, channel, timeout)
+        self._last_done = time.monotonic()
+        return out.numpy()
+
+    def gather(self, send: np.ndarray, size: int, *, root: int, channel: int, timeout: float) -> np.ndarray:
+        """Every rank sends rank ``root`` its ``size``-byte block; ``root`` returns the W blocks in rank order.
+
+        gloo's gather sends W - 1 messages and, unlike its point-to-point operations, can be waited on in
+        slices (docs/scale.md).
+        """
+        group = self._begin(channel, timeout)
+        opts = _gather_options(root, timeout)
+        if not send.flags.writeable:
+            send = send.copy()
+        out = torch.empty(size * self._world_size if self._rank == root else 0, dtype=torch.uint8, device=_CPU)
+        try:
+            outputs = [list(out.view(self._world_size, size).unbind(0))] if self._rank == root else []
+            work = group.gather(outputs, [torch.from_numpy(send)], opts)
         except RuntimeError as e:
             self._fail(e, channel, self._ops[channel] + 1)
         self._wait(work, channel, timeout)
