@@ -4,7 +4,7 @@ Three per-call costs that issue 31 moved into ``_canonical`` and ``_description`
 
 * ``group keys``: ``_keys.group_keys`` of one rank's ``group_by`` column (int prompt ids, plain-string
   prompts, TRL conversational prompts; 64 rows);
-* ``shared digest``: ``_wire.SharedValues(...)`` of a call's shared arguments (a threshold and a name; a
+* ``shared digest``: ``_shared.SharedValues(...)`` of a call's shared arguments (a threshold and a name; a
   list of weights and a config dict; numpy scalars in a dict);
 * ``description``: what ``_call._build`` computes to describe and fingerprint a call (the old text and
   its encoded size; the new record and its fingerprint).
@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from syncreward import _keys, _wire  # noqa: E402
+from syncreward import _keys, _shared, _wire  # noqa: E402
 from syncreward._codec import C_LIST  # noqa: E402
 from syncreward._description import Description  # noqa: E402
 
@@ -122,7 +122,7 @@ def main() -> None:
     for name, shared in SHARED.items():
         cases[f"shared digest: {name}"] = (
             lambda s=shared: old_wire.SharedValues(s).digest,
-            lambda s=shared: _wire.SharedValues(s).digest,
+            lambda s=shared: _shared.SharedValues(s).digest,
             2000,
         )
     cases["description and fingerprint"] = (

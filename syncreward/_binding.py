@@ -27,7 +27,7 @@ only once (it could be neither sent nor checked), and a set has no order to matc
 samples. Unless ``shared=`` names it, such an argument is refused with a hint to pass a list.
 
 Shared values are one value for the whole batch, which is scored with one rank's value, so every rank
-must pass the same ones: the plain ones are checked across ranks (``_wire.SharedValues``), except TRL's
+must pass the same ones: the plain ones are checked across ranks (``_shared.SharedValues``), except TRL's
 (``TRL_SHARED``: objects) and the ``exclude=``d names -- a value that differs between ranks on purpose
 (a device, a rank index), of which the scoring rank then uses its own.
 """

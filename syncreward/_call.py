@@ -29,7 +29,8 @@ from ._identity import Identity, Site, owner_config
 from ._options import Options
 from ._outcome import Error, Outcome, Value
 from ._session import Session
-from ._wire import FAILED, NO_STEP, OK, CallCheck, SharedValues, drop_mask, error_blob, fingerprint, pack_header
+from ._shared import SharedValues
+from ._wire import FAILED, NO_STEP, OK, CallCheck, drop_mask, error_blob, fingerprint, pack_header
 
 __all__ = [
     "Call",

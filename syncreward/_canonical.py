@@ -2,7 +2,7 @@
 
 Three things are compared between ranks by content, and each needs its own notion of "equal":
 
-* a call's **shared arguments** (``_wire.SharedValues``): one rank's value scores every rank's samples, so
+* a call's **shared arguments** (``_shared.SharedValues``): one rank's value scores every rank's samples, so
   two values are equal only when the function cannot tell them apart -- :data:`EXACT`;
 * **group keys** (``mode="shard", group_by=``: ``_keys.group_keys``): samples group as Python's ``==`` and
   ``hash()`` would group them in one process -- :data:`EQUAL`;

@@ -38,6 +38,7 @@ from ._description import Description
 from ._errors import CodecError, MismatchError, RemoteError, column_differences
 from ._outcome import Error, Value, add_note
 from ._session import Session
+from ._shared import SharedValues, differing_shared, read_report, shared_values_by_rank
 from ._wire import (
     FAILED,
     HEADER_BYTES,
@@ -50,14 +51,10 @@ from ._wire import (
     Headers,
     ResultBlocks,
     ResultChunk,
-    SharedValues,
-    differing_shared,
     dropped_names,
     error_blob,
     offsets,
-    read_report,
     remainder_counts,
-    shared_values_by_rank,
     split,
 )
 from .backends._protocol import gathers, scatters

@@ -21,7 +21,7 @@ import syncreward
 from syncreward._canonical import EQUAL, EXACT, Budget, NotPlain, Opaque, encode, to_bytes
 from syncreward._identity import Identity
 from syncreward._keys import group_keys
-from syncreward._wire import MAX_SHARED_ITEMS, shared_key
+from syncreward._shared import MAX_SHARED_ITEMS, shared_key
 
 # pairs that compare equal in Python but that a function can tell apart (type, sign, dtype)
 EQUAL_BUT_TELLABLE = {

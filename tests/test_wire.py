@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 
 from syncreward._codec import decode_value
+from syncreward._shared import MAX_SHARED_ITEMS, read_report, shared_key, shared_values_by_rank
+from syncreward._shared import SharedValues as Shared
+from syncreward._shared import differing_shared as differing
 from syncreward._wire import (
     BASE_CAPACITY,
     DROP_BITS,
@@ -13,7 +16,6 @@ from syncreward._wire import (
     H_SHARED,
     HEADER_LEN,
     MAX_EAGER,
-    MAX_SHARED_ITEMS,
     NO_SHARED,
     NO_STEP,
     OK,
@@ -28,14 +30,9 @@ from syncreward._wire import (
     error_blob,
     offsets,
     pack_header,
-    read_report,
     remainder_counts,
-    shared_key,
-    shared_values_by_rank,
     split,
 )
-from syncreward._wire import SharedValues as Shared
-from syncreward._wire import differing_shared as differing
 
 
 def headers(*rows: dict[str, int]) -> Headers:
