@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,78 @@ def test_gpu_check_passes_every_case_without_a_gpu() -> None:
     lines = run.stdout.splitlines()
     assert sum(line.startswith("PASS W=2 ") for line in lines) == 16, run.stdout
     assert not any(line.startswith("FAIL") for line in lines), run.stdout
+
+
+def test_simulate_counts_every_rank_against_the_model_smoke(tmp_path: Path) -> None:
+    """benchmarks/simulate.py runs every mode on thread-ranks, and every rank's counts match a model exactly."""
+    cmd = [
+        sys.executable, str(ROOT / "benchmarks" / "simulate.py"),
+        "--world-sizes", "2", "3", "4", "--warmup", "3", "--calls", "2", "--timeout", "60", "--run-timeout", "120",
+        "--out-dir", str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    results = json.loads((tmp_path / "simulate.json").read_text())
+    assert results["model_ok"], results
+    runs = {(r["world_size"], r["mode"]): r for r in results["runs"]}
+    assert set(runs) == {(w, m) for w in (2, 3, 4) for m in ("main", "replicate", "shard", "step3")}
+    for r in runs.values():
+        assert len(r["matches"]) == 1, r  # the two designs of main differ at every W >= 2
+    meta = results["meta"]
+    assert meta["commit"]
+    assert meta["wire_version"].startswith("0x")
+    assert meta["world_sizes"] == [2, 3, 4]
+    assert "| 4 | `main` |" in (tmp_path / "simulate.md").read_text()
+
+
+def _simulate() -> Any:
+    spec = importlib.util.spec_from_file_location("simulate", ROOT / "benchmarks" / "simulate.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Silent:
+    """A backend that moves nothing: stands in for a transport when only the arguments are counted."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+
+    def gather(self, send: Any, size: int, *, root: int, channel: int, timeout: float) -> Any:
+        return send
+
+    def scatter(self, send: Any, size: int, *, root: int, channel: int, timeout: float) -> Any:
+        return send
+
+    def all_to_all(self, send: Any, send_counts: Any, recv_counts: Any, *, channel: int, timeout: float) -> Any:
+        return send
+
+    def send(self, data: Any, dst: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("w", [2, 8, 1024])
+def test_simulate_model_tells_a_root_routed_main_from_the_mesh(w: int) -> None:
+    """A main call through rank 0 (a gather in, a scatter out) matches the root model only; it sees one peer."""
+    import numpy as np
+
+    sim = _simulate()
+    block, cap = 2_000, 200
+    counts = []
+    for rank in range(w):
+        rec = sim.Counting(_Silent(rank, w))
+        rec.gather(np.zeros(block, np.uint8), block, root=0, channel=0, timeout=1.0)
+        rec.scatter(np.zeros(cap * w if rank == 0 else 0, np.uint8), cap, root=0, channel=1, timeout=1.0)
+        counts.append(sim.summarize(rec.log, rank))
+    p = {"frame": 1_688, "cap": cap}
+    assert sim.check("root", "main", w, counts, p) == []
+    assert sim.check("mesh", "main", w, counts, p) != []
+    assert [counts[1]["peers"], counts[1]["posted_out"], counts[1]["posted_in"]] == [1, 1, 1]
+    assert counts[0]["bytes_in"] == (w - 1) * block
+    # an operation the model does not know (point-to-point, say) matches no design
+    rec = sim.Counting(_Silent(1, w))
+    rec.send(b"x", 0)
+    unknown = sim.check("root", "main", w, [counts[0], sim.summarize(rec.log, 1)], p)
+    assert any("no model knows" in line for line in unknown), unknown
