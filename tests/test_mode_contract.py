@@ -14,6 +14,8 @@ with uneven batches and on 2 gloo processes:
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -234,3 +236,47 @@ def test_mode_contract_a_local_failure_returned_unsent_breaks_the_group_loudly()
 
 def _raise(message: str) -> None:
     raise RuntimeError(message)
+
+
+def test_mode_contract_a_prepare_failure_returned_unsent_breaks_the_group_loudly() -> None:
+    """A mode that returns its payload's failure (``prepare`` raised on this rank) from route_inputs unsent is
+    refused as any local failure returned unsent is: the peers raise at once, not at ``timeout=``.
+
+    The failing rank raises its own exception (the precedence rule: this rank's own exception wins), with
+    the contract breach attached as a note; the peers' error names the ``ModeContractError``.
+    """
+
+    class Unsent(OwnSlice):
+        name = "unsent_payload"
+
+        def route_inputs(self, call: Call, payload: Outcome[Payload]) -> Value[Scoring] | Error:
+            if isinstance(payload, Error):
+                return payload  # this rank's own failure, returned, never sent
+            return super().route_inputs(call, payload)
+
+    done = threading.Event()
+
+    def body(rank: int, world_size: int) -> tuple[str, str, float]:
+        t0 = time.monotonic()
+        try:
+            f([object()] * 2 if rank == 1 else _batch(rank))  # rank 1 cannot encode its column
+            return "ok", "", time.monotonic() - t0
+        except Exception as e:
+            return type(e).__name__, "\n".join([str(e), *getattr(e, "__notes__", ())]), time.monotonic() - t0
+        finally:
+            if rank == 0:
+                done.set()
+            else:
+                done.wait(30)  # rank 1 goes on (a training loop would): it has not left the job
+
+    register(Unsent())
+    try:
+        f = synced_reward(mode="unsent_payload", timeout=20)(_score)  # type: ignore[call-overload]
+        got = run_threads(body, 2, timeout=90)
+    finally:
+        MODES.pop("unsent_payload")
+    assert got[1][0] == "UnsupportedTypeError", got  # its own exception, the very one
+    assert "mode 'unsent_payload' returned this rank's own failure from route_inputs without sending it" in got[1][1]
+    assert got[0][0] == "CommunicationError", got
+    assert "ModeContractError" in got[0][1], got
+    assert max(seconds for _, _, seconds in got) < 10, got  # at once, not at timeout=20
