@@ -29,7 +29,7 @@ from syncreward._call import Call, Payload, encodable_here, exchange, inputs, li
 from syncreward._exchange import OUTBOUND, Inbound
 from syncreward._logs import Logs
 from syncreward._modes import MODES, register
-from syncreward._modes._base import GatherMode, GatherScoring, Mode, Scoring
+from syncreward._modes._base import GatherMode, GatherScoring, Mode, ModeOption, Scoring
 from syncreward._outcome import Error, Outcome, Value, local
 from syncreward.testing import run_ranks, run_threads
 
@@ -280,3 +280,21 @@ def test_mode_contract_a_prepare_failure_returned_unsent_breaks_the_group_loudly
     assert got[0][0] == "CommunicationError", got
     assert "ModeContractError" in got[0][1], got
     assert max(seconds for _, _, seconds in got) < 10, got  # at once, not at timeout=20
+
+
+@pytest.mark.parametrize("option", ["timeout", "mode", "backend", "shared", "process_group", "mode_options", "", "a b"])
+def test_register_refuses_a_mode_option_named_like_an_option_every_mode_takes_or_not_a_keyword(option: str) -> None:
+    """A mode's own option must be a keyword of its own: one named ``timeout`` would make ``timeout=`` "only apply
+    to" that mode, and every other mode's decoration with it fail."""
+
+    class Clashing(LastRank):
+        name = "clashing"
+        options = (ModeOption(option, "float", 1800.0),)
+
+    try:
+        with pytest.raises(ValueError, match=f"mode 'clashing' declares an option named {option!r}"):
+            register(Clashing())
+        assert "clashing" not in MODES
+        assert synced_reward(timeout=5.0)(_score).__name__ == "_score"  # every other mode still decorates
+    finally:
+        MODES.pop("clashing", None)
