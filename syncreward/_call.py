@@ -27,7 +27,7 @@ from ._errors import MismatchError
 from ._exchange import INBOUND, Inbound, Link
 from ._identity import Identity, Site, owner_config
 from ._options import Options
-from ._outcome import Error, Outcome, Value
+from ._outcome import Error, LocalError, Outcome, Value
 from ._session import Session
 from ._shared import SharedValues
 from ._wire import FAILED, NO_STEP, OK, CallCheck, drop_mask, error_blob, fingerprint, pack_header
@@ -146,7 +146,11 @@ def open_call(
     problem: str | None,
     deadline: Deadline,
 ) -> tuple[Call, Value[Payload] | Error]:
-    """Bind the arguments, fingerprint the call, let the mode prepare its payload (or fail: an ``Error``)."""
+    """Bind the arguments, fingerprint the call, let the mode prepare its payload (or fail: a ``LocalError``).
+
+    A failure here is this rank's alone until the call's inputs turn sends it: a ``LocalError``, which the
+    framework refuses from ``route_inputs`` unsent (``_modes._base.inputs_turn``), as any other local failure.
+    """
     # A failure only this rank knows of -- it failed to read an earlier call's results (``lost``), or this
     # call cannot be ordered safely (``problem``) -- is this call's failure, which tells every rank. The call
     # is still bound, so that it takes the path the other ranks' calls take (a reward group's hit has no
@@ -156,14 +160,14 @@ def open_call(
     try:
         bound = spec.binder.bind(args, kwargs)
     except Exception as e:
-        return unbound_call(spec, session, seq, site, deadline), Error(mine if mine is not None else e)
+        return unbound_call(spec, session, seq, site, deadline), LocalError(mine if mine is not None else e)
     call = _build(spec, session, seq, site, bound, deadline)
     if mine is not None:
-        return call, Error(mine)
+        return call, LocalError(mine)
     try:  # before the turn: an interrupt is raised at once (the lifecycle finishes the call)
         return call, Value(spec.impl.prepare(call))
     except Exception as e:
-        return call, Error(e)
+        return call, LocalError(e)
 
 
 def unbound_call(spec: Spec, session: Session, seq: int, site: Site, deadline: Deadline) -> Call:

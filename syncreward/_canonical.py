@@ -186,8 +186,8 @@ def _exact(v: Any, out: bytearray, left: list[int], depth: int) -> None:
         if left[0] < 0:
             raise NotPlain(f"it has more than {len(v) + left[0]} elements")
         types = set(map(type, v))
-        if types <= _FLAT:  # the common shapes (a list of weights, of labels): one pass in C
-            raw = array.array("d", v).tobytes() if types == _FLOATS else repr(v).encode("utf-8", "surrogatepass")
+        raw = _flat_bytes(v, types) if types <= _FLAT else None  # the common shapes (weights, labels): one pass in C
+        if raw is not None:
             out += (b"D" if types == _FLOATS else b"R") + (b"l" if t is list else b"t") + _LEN.pack(len(raw)) + raw
             return
         left[0] += len(v)  # counted again one by one
@@ -206,13 +206,25 @@ def _exact(v: Any, out: bytearray, left: list[int], depth: int) -> None:
         raise NotPlain(f"it holds a {_name(v)}")
 
 
+def _repr_bytes(v: Any) -> bytes | None:
+    """``repr(v)`` of flat values as bytes; ``None`` where an int is past ``str()``'s digit limit (then: one by one)."""
+    try:
+        return repr(v).encode("utf-8", "surrogatepass")
+    except ValueError:
+        return None
+
+
+def _flat_bytes(v: list[Any] | tuple[Any, ...], types: set[type]) -> bytes | None:
+    return array.array("d", v).tobytes() if types == _FLOATS else _repr_bytes(v)
+
+
 def _exact_dict(v: dict[Any, Any], out: bytearray, left: list[int], depth: int) -> None:
     if set(map(type, v)) <= _STR:  # the common shape (a config): keys in sorted order
         left[0] -= 2 * len(v)
         if left[0] < 0:
             raise NotPlain(f"it has more than {2 * len(v) + left[0]} elements")
-        if set(map(type, v.values())) <= _FLAT:  # ... of scalars: one repr, in C
-            raw = repr(sorted(v.items())).encode("utf-8", "surrogatepass")
+        raw = _repr_bytes(sorted(v.items())) if set(map(type, v.values())) <= _FLAT else None
+        if raw is not None:  # ... of scalars: one repr, in C
             out += b"E" + _LEN.pack(len(raw)) + raw
             return
         left[0] += 2 * len(v)  # counted again one by one

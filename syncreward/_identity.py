@@ -90,7 +90,12 @@ def config_repr(value: Any, depth: int = 0) -> str:
 
 def _repr(value: Any, depth: int, config: bool) -> str:
     if value is None or isinstance(value, (bool, int, float)):
-        return repr(value)
+        try:
+            return repr(value)
+        except ValueError:  # an int past str()'s digit limit: its size and a digest of its bytes
+            big = int(value)  # type: ignore[arg-type]  # only an int's repr raises
+            digest = hashlib.blake2b(to_bytes(big, EXACT), digest_size=8).hexdigest()
+            return f"<int of {big.bit_length()} bits #{digest}>"
     if isinstance(value, str):
         if config and len(value) <= 32 and _DEVICE.fullmatch(value):
             return "<device>"

@@ -187,3 +187,26 @@ def test_a_configuration_too_large_to_compare_whole_is_compared_by_its_text() ->
     big = Identity(functools.partial(_reward, prompt=[str(i) for i in range(200_000)]), "_reward")
     assert big.digest == ""  # its shown text (first items and length) is what is compared
     assert "...<200000 items>" in big.key()
+
+
+HUGE = 10**5000  # past str()'s default digit limit (4300 digits): repr() raises ValueError
+
+
+def test_an_int_past_the_str_digit_limit_is_written_in_every_container_under_both_rules() -> None:
+    for rule in (EXACT, EQUAL):
+        for wrap in (lambda v: v, lambda v: [v], lambda v: (1, v), lambda v: {"k": v}, lambda v: {"k": [v, "x"]}):
+            assert to_bytes(wrap(HUGE), rule) == to_bytes(wrap(HUGE), rule), rule
+            assert to_bytes(wrap(HUGE), rule) != to_bytes(wrap(HUGE + 1), rule), rule
+
+
+def test_a_reward_configured_with_an_int_past_the_str_digit_limit_is_decorated_and_told_apart() -> None:
+    def make(modulus: int) -> Any:
+        def reward(completions: list[str], **kwargs: Any) -> list[float]:
+            return [float(len(c) % modulus) for c in completions]
+
+        return reward
+
+    assert syncreward.synced_reward(make(HUGE))(["ab"]) == [2.0]  # decorated and called in one process
+    a, same, other = (Identity(make(m), "reward") for m in (HUGE, HUGE, HUGE + 1))
+    assert (a.key(), a.digest) == (same.key(), same.digest)  # copies configured alike pair
+    assert (a.key(), a.digest) != (other.key(), other.digest)  # different configurations never do

@@ -14,6 +14,8 @@ with uneven batches and on 2 gloo processes:
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +29,7 @@ from syncreward._call import Call, Payload, encodable_here, exchange, inputs, li
 from syncreward._exchange import OUTBOUND, Inbound
 from syncreward._logs import Logs
 from syncreward._modes import MODES, register
-from syncreward._modes._base import GatherMode, GatherScoring, Mode, Scoring
+from syncreward._modes._base import GatherMode, GatherScoring, Mode, ModeOption, Scoring
 from syncreward._outcome import Error, Outcome, Value, local
 from syncreward.testing import run_ranks, run_threads
 
@@ -234,3 +236,65 @@ def test_mode_contract_a_local_failure_returned_unsent_breaks_the_group_loudly()
 
 def _raise(message: str) -> None:
     raise RuntimeError(message)
+
+
+def test_mode_contract_a_prepare_failure_returned_unsent_breaks_the_group_loudly() -> None:
+    """A mode that returns its payload's failure (``prepare`` raised on this rank) from route_inputs unsent is
+    refused as any local failure returned unsent is: the peers raise at once, not at ``timeout=``.
+
+    The failing rank raises its own exception (the precedence rule: this rank's own exception wins), with
+    the contract breach attached as a note; the peers' error names the ``ModeContractError``.
+    """
+
+    class Unsent(OwnSlice):
+        name = "unsent_payload"
+
+        def route_inputs(self, call: Call, payload: Outcome[Payload]) -> Value[Scoring] | Error:
+            if isinstance(payload, Error):
+                return payload  # this rank's own failure, returned, never sent
+            return super().route_inputs(call, payload)
+
+    done = threading.Event()
+
+    def body(rank: int, world_size: int) -> tuple[str, str, float]:
+        t0 = time.monotonic()
+        try:
+            f([object()] * 2 if rank == 1 else _batch(rank))  # rank 1 cannot encode its column
+            return "ok", "", time.monotonic() - t0
+        except Exception as e:
+            return type(e).__name__, "\n".join([str(e), *getattr(e, "__notes__", ())]), time.monotonic() - t0
+        finally:
+            if rank == 0:
+                done.set()
+            else:
+                done.wait(30)  # rank 1 goes on (a training loop would): it has not left the job
+
+    register(Unsent())
+    try:
+        f = synced_reward(mode="unsent_payload", timeout=20)(_score)  # type: ignore[call-overload]
+        got = run_threads(body, 2, timeout=90)
+    finally:
+        MODES.pop("unsent_payload")
+    assert got[1][0] == "UnsupportedTypeError", got  # its own exception, the very one
+    assert "mode 'unsent_payload' returned this rank's own failure from route_inputs without sending it" in got[1][1]
+    assert got[0][0] == "CommunicationError", got
+    assert "ModeContractError" in got[0][1], got
+    assert max(seconds for _, _, seconds in got) < 10, got  # at once, not at timeout=20
+
+
+@pytest.mark.parametrize("option", ["timeout", "mode", "backend", "shared", "process_group", "mode_options", "", "a b"])
+def test_register_refuses_a_mode_option_named_like_an_option_every_mode_takes_or_not_a_keyword(option: str) -> None:
+    """A mode's own option must be a keyword of its own: one named ``timeout`` would make ``timeout=`` "only apply
+    to" that mode, and every other mode's decoration with it fail."""
+
+    class Clashing(LastRank):
+        name = "clashing"
+        options = (ModeOption(option, "float", 1800.0),)
+
+    try:
+        with pytest.raises(ValueError, match=f"mode 'clashing' declares an option named {option!r}"):
+            register(Clashing())
+        assert "clashing" not in MODES
+        assert synced_reward(timeout=5.0)(_score).__name__ == "_score"  # every other mode still decorates
+    finally:
+        MODES.pop("clashing", None)
