@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,7 +22,7 @@ from ._batch import CPU, encodable, merge_frames
 from ._binding import Binder, Bound
 from ._codec import C_TENSOR, CONTAINERS, encode_frame
 from ._deadline import Deadline
-from ._description import Description
+from ._description import Columns, Description
 from ._errors import MismatchError
 from ._exchange import INBOUND, Inbound, Link
 from ._identity import Identity, Site, owner_config
@@ -82,10 +82,21 @@ class Spec:
 
     @property
     def key(self) -> str:
+        """The reward's identity with the options that make calls differ (shown in messages, fingerprinted).
+
+        Made again only when the identity's text changes (the synced function was renamed): the same
+        string object otherwise, read at every call.
+        """
+        identity = self.identity.key()
+        made = self.__dict__.get("_key")
+        if made is not None and made[0] is identity:
+            return made[1]  # type: ignore[no-any-return]
         o = self.options
         own = "".join(f", {k}={v!r}" for k, v in o.mode_options)  # the mode's own options given (``Mode.options``)
         pickle = ", allow_pickle=True" if o.allow_pickle else ""
-        return f"{self.identity.key()}(mode={o.mode!r}{own}{pickle})"
+        key = f"{identity}(mode={o.mode!r}{own}{pickle})"
+        self.__dict__["_key"] = (identity, key)  # a frozen record's cache, as functools.cached_property keeps one
+        return key
 
 
 @dataclass(frozen=True)
@@ -188,11 +199,20 @@ def _build(spec: Spec, session: Session, seq: int, site: Site, bound: Bound | No
         if not bound.shared.keys() <= unchecked:  # TRL's calls: only unchecked ones, nothing to hash
             checked = {k: v for k, v in bound.shared.items() if k not in unchecked}
     shared = SharedValues(checked) if checked else _NOTHING_SHARED  # hashed here: before the call's turn
-    # the path-independent site is compared; the user's file and line are shown (they may differ per rank)
-    schema = "\1".join(map("\0".join, columns)) if columns is not None else "?"
-    fp = fingerprint(f"{key}\0{digest}\0{schema}\0{site.key}")
+    fp = _fingerprint(key, digest, columns, site.key)
     description = Description(seq, step, key, digest, columns, site.shown)
     return Call(spec, session, seq, site, bound, fp, description, shared, deadline)
+
+
+@lru_cache(maxsize=256)
+def _fingerprint(key: str, digest: str, columns: Columns | None, site: str) -> int:
+    """The call's fingerprint: what it calls (``key``, ``digest``), with which columns, from which site.
+
+    The path-independent ``site`` key is compared; the user's file and line are shown (they may differ per
+    rank). Cached: a place calls one reward with one schema call after call, and its hash never changes.
+    """
+    schema = "\1".join(map("\0".join, columns)) if columns is not None else "?"
+    return fingerprint(f"{key}\0{digest}\0{schema}\0{site}")
 
 
 def lost(call: Call, error: BaseException) -> Error:

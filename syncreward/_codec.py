@@ -1141,7 +1141,7 @@ def _decode_int_column(r: _Reader) -> Any:
 
 # marshal (format version 2, no back-references) writes a list as b"[" + u32 count and an int of the
 # int32 range as b"i" + i32: a list of lists of such ints is a run of 5-byte records.
-_M_LIST, _M_INT = ord("["), ord("i")
+_M_INT = ord("i")
 # (checked once: an interpreter whose marshal writes otherwise takes the slower, equally exact path)
 _MARSHAL_RECORDS = marshal.dumps([[1, -2], [True]], 2) == b"[\2\0\0\0[\2\0\0\0i\1\0\0\0i\xfe\xff\xff\xff[\1\0\0\0T"
 # Rows at least this long on average are made one ``tolist()`` each; shorter ones are sliced out of one
@@ -1149,31 +1149,28 @@ _MARSHAL_RECORDS = marshal.dumps([[1, -2], [True]], 2) == b"[\2\0\0\0[\2\0\0\0i\
 _ROW_TOLIST_MIN = 48
 
 
-def _marshal_records(rows: list[Any], n: int) -> tuple[bytes, np.ndarray, np.ndarray] | None:
-    """``rows`` as marshal records, with the row lengths and each record's expected type, if a list of int lists.
+def _marshal_records(rows: list[Any], n: int) -> tuple[bytes, bytes] | None:
+    """``rows`` as marshal records, with each record's type byte, if a list of lists of int32 ints.
 
-    One ``marshal.dumps`` converts every value in C; numpy then checks that the output is exactly the
-    expected run of 5-byte records -- a row header where each row starts, an int everywhere else -- which
-    proves every element was an exact ``int`` in the int32 range (``bool``, numpy integers, floats, nested
-    lists, values beyond int32 all write other records). ``None`` otherwise.
+    One ``marshal.dumps`` converts every value in C; then the output must be exactly ``1 + n + total``
+    records of 5 bytes (``total``: the rows' lengths summed), whose type bytes (every 5th byte, one C
+    slice) are ``n + 1`` list headers and ``total`` ints. That proves every element an exact ``int`` in the
+    int32 range: records are read in order, so the first element that is not such an int starts at a type
+    byte that is read, and is neither ``i`` (only an int32 writes ``i``, always 5 bytes) nor ``[`` (a list
+    inside a row: one header too many). ``bool``, numpy integers, floats, strings, ``None``, nested lists
+    and values beyond int32 all write other records. ``None`` otherwise.
     """
     try:
         m = marshal.dumps(rows, 2)
     except Exception:  # unmarshallable objects, too deep, ...: not a column of int lists
         return None
-    # (ufuncs' own reductions and byte comparison: numpy's Python-level wrappers cost more at these sizes)
-    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=n)
-    nrec = 1 + n + int(np.add.reduce(lengths))
-    if len(m) != 5 * nrec:
+    total = sum(map(len, rows))
+    if len(m) != 5 * (1 + n + total):
         return None
-    headers = np.arange(1, n + 1) + np.add.accumulate(lengths) - lengths  # record index of each row's header
-    expected = np.empty(nrec, dtype=np.uint8)
-    expected.fill(_M_INT)
-    expected[0] = _M_LIST
-    expected[headers] = _M_LIST
-    if np.frombuffer(m, dtype=np.uint8)[::5].tobytes() != expected.tobytes():
+    tags = m[::5]
+    if tags.count(b"[") != n + 1 or tags.count(b"i") != total:
         return None
-    return m, lengths, expected
+    return m, tags
 
 
 def _intlists_marshal(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -1181,9 +1178,10 @@ def _intlists_marshal(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] 
     got = _marshal_records(rows, n)
     if got is None:
         return None
-    m, lengths, expected = got
-    values = np.ndarray((len(expected),), dtype="<i4", buffer=m, offset=1, strides=(5,))
-    return lengths, values[expected == _M_INT]
+    m, tags = got
+    values = np.ndarray((len(tags),), dtype="<i4", buffer=m, offset=1, strides=(5,))
+    is_int = np.frombuffer(tags, dtype=np.uint8) == _M_INT
+    return np.fromiter(map(len, rows), dtype=np.int64, count=n), values[is_int]
 
 
 def _intlists(rows: list[Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:

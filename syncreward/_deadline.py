@@ -28,7 +28,8 @@ class Deadline:
 
     def left(self) -> float:
         """Seconds until the deadline (at least :data:`MIN_LEFT`): what the next wait may take."""
-        return max(self.end - time.monotonic(), MIN_LEFT)
+        left = self.end - time.monotonic()  # (a comparison, not max(): this runs before every transfer)
+        return left if left > MIN_LEFT else MIN_LEFT
 
     def passed(self) -> bool:
         return time.monotonic() >= self.end

@@ -218,9 +218,7 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ turns
 
-    def _guarded(
-        self, seq: int, work: Callable[[], Outcome[T]], function: str, channel: int
-    ) -> Callable[[], Outcome[T]]:
+    def _guarded(self, call: str, work: Callable[[], Outcome[T]], channel: int) -> Callable[[], Outcome[T]]:
         """``work`` as run in its turn: the one place a backend's failure becomes an ``Error`` of the call.
 
         A backend says what went wrong with the ranks (``rank(s) [1] did not arrive within timeout=2s``)
@@ -230,8 +228,6 @@ class Session:
         failure's words are the reason every later call gives). While the work runs, a long wait inside the
         backend names the call (``backends._waiting.CALL``).
         """
-        call = call_words(seq, function)
-
         words = f"{call} on rank {self.rank} while {_PHASES[channel]}"
 
         def run() -> Outcome[T]:
@@ -267,19 +263,18 @@ class Session:
         The work's collective failure is its ``Error``; a transport failure is an ``Error`` too, in the
         call's words (and the session is broken). Nothing is raised: the lifecycle settles what it gets.
         """
-        guarded = self._guarded(seq, work, function, channel)
+        call = call_words(seq, function)  # the call's words, made once per turn
         try:
-            return self.turns[channel].run(seq, guarded, deadline, call_words(seq, function))
+            return self.turns[channel].run(seq, self._guarded(call, work, channel), deadline, call)
         except BaseException as e:  # an interrupt while this thread waited for the turn
             # the turn is never taken now, so no later call of this rank can get its own: break at once
-            self.break_(
-                f"{call_words(seq, function)} raised {type(e).__name__} while waiting for its turn: {reason_of(e)}"
-            )
+            self.break_(f"{call} raised {type(e).__name__} while waiting for its turn: {reason_of(e)}")
             return Error(e)
 
     def submit(self, channel: int, seq: int, work: Callable[[], Outcome[T]], function: str) -> Future[Outcome[T]]:
         """Run a turn's work on a worker thread (async calls, and turns finished in the background)."""
-        return self.turns[channel].submit(seq, self._guarded(seq, work, function, channel), call_words(seq, function))
+        call = call_words(seq, function)
+        return self.turns[channel].submit(seq, self._guarded(call, work, channel), call)
 
     def withdraw(self, channel: int, seq: int) -> bool:
         """Take back call ``seq``'s submitted work on ``channel`` if it has not started; whether it had not."""

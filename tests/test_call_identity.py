@@ -683,3 +683,24 @@ def test_two_instances_configured_by_an_enum_called_in_another_order_raise_on_ev
     results = _swapped(lenient, strict)
     _every_rank_raised(results)
     assert "<Strictness.STRICT>" in results[1][0][1]
+
+
+def test_a_reward_renamed_after_a_call_is_fingerprinted_by_its_new_name() -> None:
+    """The reward's key and fingerprint are cached per reward; a rename (TRL logs by ``__name__``) still shows."""
+    from syncreward._call import _fingerprint
+
+    def accuracy(completions: list[str]) -> list[float]:
+        return [0.0] * len(completions)
+
+    f = synced_reward(accuracy)
+    spec = f.__syncreward_spec__  # type: ignore[attr-defined]
+    columns = (("completions", "list"),)
+    before = spec.key
+    assert spec.key is before  # made once while the name stays
+    f.__name__ = "accuracy_small"
+    renamed = spec.key
+    assert "accuracy_small" in renamed
+    assert renamed != before
+    assert _fingerprint(renamed, "", columns, "site") != _fingerprint(before, "", columns, "site")
+    f.__name__ = "accuracy"
+    assert spec.key == before

@@ -920,3 +920,34 @@ def test_is_plain_token_id_lists_agrees_with_the_encoder(odd: Any) -> None:
         except Exception:
             encodable = False
         assert is_plain(column, C_LIST) == encodable, (odd, where)
+
+
+_I_BYTES = struct.unpack("<d", b"iiiiiiii")[0]  # a float whose 8 data bytes all read as marshal's int tag
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        [None, _I_BYTES],  # 1 + 9 bytes: the size of two int records, the float's bytes read "i" at every offset
+        [_I_BYTES, True],  # 9 + 1
+        ["iii"],  # a 3-character str: a 5-byte record, like an int's
+        ["[[[" + "i" * 7],  # 12 bytes of list and int tags
+        [[7], 1, 2],  # a list inside a row where ints were
+        [2**40],  # an int past int32: a longer record
+    ],
+    ids=["none-float", "float-bool", "str3", "str-tags", "nested", "int64"],
+)
+def test_token_id_fast_path_refuses_records_that_mimic_ints(odd: list[Any]) -> None:
+    """The marshal fast path reads every record's type byte: values whose bytes look like int records stay exact."""
+    rows = [list(range(i, i + 20)) for i in range(6)]
+    for where in (0, 3, 5):
+        column = [list(r) for r in rows]
+        column[where][4 : 4 + len(odd)] = odd  # replaces as many ints as it holds
+        try:
+            _encode_column_body(column, C_LIST, bytearray(), False)  # the plain-only level
+            encodable = True
+        except Exception:
+            encodable = False
+        assert is_plain(column, C_LIST) == encodable, (odd, where)
+        _, col = frame_roundtrip(column, C_LIST)
+        assert same(col.values, column), (odd, where)
