@@ -247,9 +247,9 @@ def reason_of(e: BaseException) -> str:
 
 
 def stuck_error(call: str, timeout: float) -> SyncTimeoutError:
-    """``call`` did not get its turn by its deadline (``timeout`` from its start): earlier calls never finished."""
+    """``call`` could not start by its deadline (``timeout`` from its start): earlier calls never finished."""
     return SyncTimeoutError(
-        f"{call} did not get its turn within its timeout={seconds(timeout)}s: earlier synced calls on this rank had "
+        f"{call} could not start within its timeout={seconds(timeout)}s: earlier synced calls on this rank had "
         "not finished. HINT: an earlier synced call is "
         "stuck (a hung reward, or a call the other ranks never made); the group is now unusable."
     )

@@ -202,3 +202,13 @@ def test_concurrent_async_calls_that_a_rank_never_joins_each_name_their_call() -
     for o in (first, second):
         assert not INTERNAL.search(o["msg"]), o["msg"]
         assert o["s"] < 0.5 + 1.5
+
+
+def test_a_call_that_could_not_start_before_its_timeout_says_so_in_user_words() -> None:
+    """An async call queued behind a stuck one runs out of its own deadline first (one deadline per call):
+    its message must read as the one for the stuck call does, with no word of the library's insides."""
+    from syncreward._errors import stuck_error
+
+    msg = str(stuck_error("synced call #1 of 'my_async_reward'", 0.4987))
+    assert msg.startswith("synced call #1 of 'my_async_reward' could not start within its timeout=0.5s"), msg
+    assert not INTERNAL.search(msg), msg
