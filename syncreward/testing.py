@@ -324,6 +324,7 @@ class ThreadGroup:
         self._aborted: str | None = None
         self._left: dict[int, tuple[str, tuple[int, int]]] = {}  # rank -> (why, exchanges it entered per channel)
         self._lock = threading.Lock()  # entering an exchange vs. a rank leaving: one sees the other
+        self._mail: dict[tuple[int, int, int], queue.Queue[np.ndarray]] = {}  # (channel, src, dst) -> what src sent
 
     def backends(self) -> list[ThreadBackend]:
         """One :class:`ThreadBackend` per rank."""
@@ -399,6 +400,32 @@ class ThreadGroup:
             raise SyncTimeoutError(timeout_message(missing, timeout), missing) from None
         return got
 
+    def mailbox(self, channel: int, src: int, dst: int) -> queue.Queue[np.ndarray]:
+        """What ``src`` sent ``dst`` point to point on ``channel``, in order."""
+        with self._lock:
+            return self._mail.setdefault((channel, src, dst), queue.Queue())
+
+    def receive(self, channel: int, src: int, dst: int, timeout: float) -> np.ndarray:
+        """The next bytes ``src`` sent ``dst`` on ``channel``; raises as :meth:`exchange` does when none come."""
+        box = self.mailbox(channel, src, dst)
+        end = time.monotonic() + timeout
+        while True:
+            if self._aborted is not None:
+                raise CommunicationError(
+                    f"the group was aborted: {self._aborted}. HINT: see that rank's traceback; the group is now "
+                    "unusable."
+                )
+            try:
+                return box.get(timeout=min(0.05, max(end - time.monotonic(), 0.001)))
+            except queue.Empty:
+                pass
+            with self._lock:
+                left = self._left.get(src)
+            if left is not None:
+                raise CommunicationError(left_message([left[0]]))
+            if time.monotonic() >= end:
+                raise SyncTimeoutError(timeout_message([src], timeout), [src])
+
     def violation(self, rank: int, message: str) -> CommunicationError:
         self.violations.append((rank, message))
         return CommunicationError(f"protocol violation on rank {rank}: {message}")
@@ -469,6 +496,19 @@ class ThreadBackend:
         if me != root:
             return np.empty(0, dtype=np.uint8)
         return np.concatenate([block for _, _, block in items])
+
+    def send(self, data: np.ndarray, dst: int, *, channel: int, timeout: float) -> None:
+        """The optional point-to-point send of :class:`syncreward.backends.Gathers`: ``data`` to rank ``dst``."""
+        if data.dtype != np.uint8 or not 0 <= dst < self.world_size or dst == self._rank:
+            raise self.group.violation(self._rank, f"send of {data.dtype}[{len(data)}] to rank {dst}")
+        self.group.mailbox(channel, self._rank, dst).put(data.copy())
+
+    def recv(self, size: int, src: int, *, channel: int, timeout: float) -> np.ndarray:
+        """The optional point-to-point receive of :class:`syncreward.backends.Gathers`: ``size`` bytes from ``src``."""
+        got = self.group.receive(channel, src, self._rank, timeout)
+        if len(got) != size:
+            raise self.group.violation(self._rank, f"rank {src} sent {len(got)} bytes to a receive of {size}")
+        return got
 
     def abandon(self, reason: str) -> None:
         """The optional exit hook of :class:`syncreward.Backend`: abort the group, so no rank waits in it."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 import syncreward
 from syncreward import synced_reward
 from syncreward.testing import run_threads
@@ -45,6 +43,14 @@ class _Recording:
         self._root(root)
         return self.inner.gather(send, size, root=root, **kw)
 
+    def send(self, data: Any, dst: int, **kw: Any) -> None:
+        self.peers.append({dst})
+        self.inner.send(data, dst, **kw)
+
+    def recv(self, size: int, src: int, **kw: Any) -> Any:
+        self.peers.append({src})
+        return self.inner.recv(size, src, **kw)
+
 
 def _peers_per_call(rank: int, world_size: int) -> list[set[int]]:
     peers: list[set[int]] = []
@@ -58,10 +64,6 @@ def _peers_per_call(rank: int, world_size: int) -> list[set[int]]:
     return peers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 31 part A, not done: main's inbound exchange is still an all_to_all (docs/scale.md, Design changes)",
-)
 def test_main_call_of_a_non_scoring_rank_involves_rank_0_only() -> None:
     results = run_threads(_peers_per_call, 4)
     for rank in range(1, 4):

@@ -156,9 +156,43 @@ def _setup_arrival(name: str, global_rank: int) -> str:
     return f"{name}/arrived-setup/{global_rank}"
 
 
+_LAZY = "TORCH_GLOO_LAZY_INIT"
+_lazy_lock = threading.Lock()  # the variable is process-wide: set only while one of our groups is built
+
+
+def _lazy_supported() -> bool:
+    """Whether this torch builds gloo groups that connect to a peer on first use (torch >= 2.8)."""
+    try:
+        major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 8)
+
+
 def _gloo_group(store: Any, rank: int, size: int, timeout: float, ranks: Sequence[int], name: str) -> Any:
-    """A gloo group over ``store`` alone (torch >= 2.3 and 2.13 take ``(store, rank, size, timeout)``)."""
-    group = dist.ProcessGroupGloo(store, rank, size, _timedelta(timeout))
+    """A gloo group over ``store`` alone (torch >= 2.3 and 2.13 take ``(store, rank, size, timeout)``).
+
+    Lazy (torch >= 2.8): it connects to a peer on the first operation that needs it, so a ``main`` rank
+    that only talks to the scoring rank opens one connection. gloo reads ``TORCH_GLOO_LAZY_INIT`` when
+    the group is built: it is set only then, under a lock, and restored at once -- the user's own groups
+    are never made lazy by it. Older torch: every pair connects at set-up (the full mesh), which works too.
+    """
+    if not _lazy_supported():
+        return _named(dist.ProcessGroupGloo(store, rank, size, _timedelta(timeout)), ranks, name)
+    with _lazy_lock:
+        before = os.environ.get(_LAZY)
+        os.environ[_LAZY] = "1"
+        try:
+            group = dist.ProcessGroupGloo(store, rank, size, _timedelta(timeout))
+        finally:
+            if before is None:
+                del os.environ[_LAZY]
+            else:
+                os.environ[_LAZY] = before
+    return _named(group, ranks, name)
+
+
+def _named(group: Any, ranks: Sequence[int], name: str) -> Any:
     with contextlib.suppress(Exception):  # for torch's own logs only; older torch has no such options
         options: Any = group.options
         options.global_ranks_in_group = list(ranks)
@@ -810,6 +844,47 @@ class TorchDistributedBackend:
         self._wait(work, channel, timeout)
         self._last_done = time.monotonic()
         return out.numpy()
+
+    def send(self, data: np.ndarray, dst: int, *, channel: int, timeout: float) -> None:
+        """Send rank ``dst`` exactly ``data`` (gloo point to point on the channel's group).
+
+        A gloo point-to-point wait cannot be sliced (docs/scale.md): one wait, bounded by ``timeout``.
+        """
+        group = self._begin(channel, timeout)
+        if not data.flags.writeable:
+            data = data.copy()
+        try:
+            work = group.send([torch.from_numpy(data)], dst, channel)
+        except RuntimeError as e:
+            self._fail(e, channel, self._ops[channel] + 1)
+        self._wait_whole(work, channel, timeout)
+
+    def recv(self, size: int, src: int, *, channel: int, timeout: float) -> np.ndarray:
+        """Receive exactly ``size`` bytes from rank ``src`` (gloo point to point; one wait, as :meth:`send`)."""
+        group = self._begin(channel, timeout)
+        out = torch.empty(size, dtype=torch.uint8, device=_CPU)
+        try:
+            work = group.recv([out], src, channel)
+        except RuntimeError as e:
+            self._fail(e, channel, self._ops[channel] + 1)
+        self._wait_whole(work, channel, timeout)
+        return out.numpy()
+
+    def _wait_whole(self, work: Any, channel: int, timeout: float) -> None:
+        """Wait for a point-to-point ``work`` in one wait of ``timeout``; a failure in syncreward's words."""
+        self._works[channel] = work
+        op = self._ops[channel] = self._ops[channel] + 1
+        try:
+            work.wait(_timedelta(max(timeout, 0.001)))
+        except RuntimeError as e:
+            if _WORK_TIMEOUT_MESSAGE not in str(e):
+                self._fail(e, channel, op)
+            self._check_peers()
+            self._raise_if_left(channel, op, self._store)
+            self._timed_out(channel, timeout)
+        finally:
+            self._works[channel] = None
+        self._last_done = time.monotonic()
 
     def _begin(self, channel: int, timeout: float) -> Any:
         """The channel's gloo group, once this rank has checked that the others did not give up on it."""
