@@ -107,10 +107,12 @@ import torch.distributed as dist
 
 from .._errors import (
     BackendError,
+    CollectiveMismatchError,
     CommunicationError,
     SyncTimeoutError,
     first_line,
     late_message,
+    collective_mismatch_message,
     left_message,
     seconds,
     timeout_message,
@@ -800,7 +802,7 @@ class TorchDistributedBackend:
             )
         except RuntimeError as e:
             self._fail(e, channel, self._ops[channel] + 1)
-        self._wait(work, channel, timeout)
+        self._wait(work, channel, timeout, "all_to_all")
         self._last_done = time.monotonic()
         return out.numpy()
 
@@ -821,7 +823,7 @@ class TorchDistributedBackend:
             work = group.scatter([out], inputs, opts)
         except RuntimeError as e:
             self._fail(e, channel, self._ops[channel] + 1)
-        self._wait(work, channel, timeout)
+        self._wait(work, channel, timeout, "scatter")
         self._last_done = time.monotonic()
         return out.numpy()
 
@@ -841,7 +843,7 @@ class TorchDistributedBackend:
             work = group.gather(outputs, [torch.from_numpy(send)], opts)
         except RuntimeError as e:
             self._fail(e, channel, self._ops[channel] + 1)
-        self._wait(work, channel, timeout)
+        self._wait(work, channel, timeout, "gather")
         self._last_done = time.monotonic()
         return out.numpy()
 
@@ -873,7 +875,7 @@ class TorchDistributedBackend:
     def _wait_whole(self, work: Any, channel: int, timeout: float) -> None:
         """Wait for a point-to-point ``work`` in one wait of ``timeout``; a failure in syncreward's words."""
         self._works[channel] = work
-        op = self._ops[channel] = self._ops[channel] + 1
+        op = self._ops[channel]  # part of the collective before it: every rank counts the same exchanges
         try:
             work.wait(_timedelta(max(timeout, 0.001)))
         except RuntimeError as e:
@@ -898,7 +900,7 @@ class TorchDistributedBackend:
 
     # ------------------------------------------------------------------------------------------ waiting
 
-    def _wait(self, work: Any, channel: int, timeout: float) -> None:
+    def _wait(self, work: Any, channel: int, timeout: float, kind: str) -> None:
         """Wait for ``work`` until ``timeout``, in slices; a rank waiting past the first slice says it arrived.
 
         The arrival record (one store write per wait that lasts) lets a rank that gives up at ``timeout``
@@ -909,7 +911,7 @@ class TorchDistributedBackend:
         with self._waiting_lock:
             self._waiting += 1
         try:
-            self._wait_slices(work, channel, timeout)
+            self._wait_slices(work, channel, timeout, kind)
         finally:
             with self._waiting_lock:
                 self._waiting -= 1
@@ -917,7 +919,7 @@ class TorchDistributedBackend:
                     self._waiting_cv.notify_all()
         self._works[channel] = None
 
-    def _wait_slices(self, work: Any, channel: int, timeout: float) -> None:
+    def _wait_slices(self, work: Any, channel: int, timeout: float, kind: str) -> None:
         op = self._ops[channel] = self._ops[channel] + 1
         deadline = time.monotonic() + timeout
         slice_s = 0.02
@@ -933,13 +935,14 @@ class TorchDistributedBackend:
                 self._leave()
             if waits is None:
                 slice_s = _POLL_S
-                self._mark_arrived(channel, op)
+                self._mark_arrived(channel, op, kind)
                 waits = WaitLog(timeout, started=deadline - timeout)
             elif waits.due():
                 waits.warn(self._not_arrived(channel, op), "arrive in this exchange")
             try:
                 gave_up = self._check_peers()
                 self._raise_if_left(channel, op, self._store)
+                self._raise_if_other_kind(channel, op, kind)
             except CommunicationError:
                 if _got_through(work):  # its data arrived: a peer that left after its part fails nothing
                     return
@@ -947,12 +950,34 @@ class TorchDistributedBackend:
             if gave_up or time.monotonic() >= deadline:  # a peer gave up: so do we, naming who
                 self._timed_out(channel, timeout)
 
-    def _mark_arrived(self, channel: int, op: int) -> None:
+    def _mark_arrived(self, channel: int, op: int, kind: str) -> None:
         # Best effort, and never a reason to fail: the store lives in rank 0's process, which may have left
         # right after its part of this exchange (the data then still arrives; see _got_through).
         if self._store is not None:
             with contextlib.suppress(Exception):  # best effort: it only helps name the missing ranks
-                self._store.set(f"arrived/{channel}/{self._rank}", str(op))
+                self._store.set(f"arrived/{channel}/{self._rank}", f"{op} {kind}")
+
+    def _raise_if_other_kind(self, channel: int, op: int, kind: str) -> None:
+        """Raise if a peer waits in exchange ``op`` of ``channel`` in another collective (``main``'s gather
+        beside another mode's all_to_all: gloo never matches them, both would wait until ``timeout``).
+
+        Read from the peers' arrival records, which name the collective. The group cannot recover (both
+        collectives stay pending inside gloo): the error breaks the session.
+        """
+        if self._store is None:
+            return
+        kinds = {self._rank: kind}
+        try:
+            for r in range(self._world_size):
+                key = f"arrived/{channel}/{r}"
+                if r != self._rank and self._store.check([key]):
+                    got = bytes(self._store.get(key)).decode().split()
+                    if len(got) == 2 and int(got[0]) == op and got[1] != "timeout":  # (a rank that gave up)
+                        kinds[r] = got[1]
+        except Exception:  # the store is unreachable: the wait says so by itself
+            return
+        if len(set(kinds.values())) > 1:
+            raise CollectiveMismatchError(collective_mismatch_message(kinds))
 
     def _fail(self, e: BaseException, channel: int | None = None, op: int = 0) -> NoReturn:
         """Raise the lower layer's failure ``e`` in syncreward's words; first, tell the peers.
@@ -1046,7 +1071,7 @@ class TorchDistributedBackend:
                 # first of all, so that a rank arriving now raises with us instead of completing the exchange
                 if self._peer_abort() is None:
                     self._store.set("abort", f"Trank {self._rank} gave up after waiting {seconds(timeout)}s")
-                self._store.set(f"arrived/{channel}/{self._rank}", str(op))
+                self._store.set(f"arrived/{channel}/{self._rank}", f"{op} timeout")
                 # the ranks that waited have said so already; give the ones that arrived just now a moment
                 end = time.monotonic() + _GRACE_S
                 while True:
@@ -1076,4 +1101,4 @@ class TorchDistributedBackend:
             return True
         if not self._store.check([key]):
             return False
-        return int(bytes(self._store.get(key)).decode()) >= op
+        return int(bytes(self._store.get(key)).decode().split()[0]) >= op
