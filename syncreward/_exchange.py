@@ -485,7 +485,7 @@ class Link:
             session.results_done(source, self.deadline, self.function)
             size = blocks.size(source)
             if size is None:
-                raise CommunicationError(
+                raise CodecError(
                     f"call #{source}'s result block announced no inbound block size. HINT: every rank must run the "
                     "same syncreward version."
                 )

@@ -961,12 +961,24 @@ class TorchDistributedBackend:
         """Raise if a peer waits in exchange ``op`` of ``channel`` in another collective (``main``'s gather
         beside another mode's all_to_all: gloo never matches them, both would wait until ``timeout``).
 
-        Read from the peers' arrival records, which name the collective. The group cannot recover (both
-        collectives stay pending inside gloo): the error breaks the session.
+        Read from the peers' arrival records, which name the collective; once one differs, the others' records
+        are given a moment (``_GRACE_S`` x 4), so that every rank's message names every rank. The group cannot
+        recover (both collectives stay pending inside gloo): the error breaks the session.
         """
-        if self._store is None:
+        kinds = self._kinds(channel, op, kind)
+        if len(set(kinds.values())) < 2:
             return
+        end = time.monotonic() + 4 * _GRACE_S
+        while len(kinds) < self._world_size and time.monotonic() < end:
+            time.sleep(0.05)
+            kinds = self._kinds(channel, op, kind)
+        raise CollectiveMismatchError(collective_mismatch_message(kinds))
+
+    def _kinds(self, channel: int, op: int, kind: str) -> dict[int, str]:
+        """The collective each rank waits in, in exchange ``op`` of ``channel``, as far as the arrival records say."""
         kinds = {self._rank: kind}
+        if self._store is None:
+            return kinds
         try:
             for r in range(self._world_size):
                 key = f"arrived/{channel}/{r}"
@@ -975,9 +987,8 @@ class TorchDistributedBackend:
                     if len(got) == 2 and int(got[0]) == op and got[1] != "timeout":  # (a rank that gave up)
                         kinds[r] = got[1]
         except Exception:  # the store is unreachable: the wait says so by itself
-            return
-        if len(set(kinds.values())) > 1:
-            raise CollectiveMismatchError(collective_mismatch_message(kinds))
+            pass
+        return kinds
 
     def _fail(self, e: BaseException, channel: int | None = None, op: int = 0) -> NoReturn:
         """Raise the lower layer's failure ``e`` in syncreward's words; first, tell the peers.
