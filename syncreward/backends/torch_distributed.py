@@ -94,6 +94,7 @@ import functools
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -110,9 +111,9 @@ from .._errors import (
     CollectiveMismatchError,
     CommunicationError,
     SyncTimeoutError,
+    collective_mismatch_message,
     first_line,
     late_message,
-    collective_mismatch_message,
     left_message,
     seconds,
     timeout_message,
@@ -126,6 +127,7 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.2  # how often a waiting rank looks for an abort from a peer
 _GRACE_S = 0.25  # after timeout=: how long a rank that gives up waits for ranks that arrived just now to report
 _GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
+_WAITED_FOR = re.compile(r"^Trank (\d+) waited [^ ]+s for rank\(s\) \[([0-9, ]*)\]")  # who waited for whom
 _WORK_TIMEOUT_MESSAGE = "Operation timed out!"  # c10d::Work::wait(timeout) when the slice expires
 
 _CPU = torch.device("cpu")  # every buffer names its device: torch.set_default_device must not move it
@@ -956,14 +958,19 @@ class TorchDistributedBackend:
         if self._store is not None:
             with contextlib.suppress(Exception):  # best effort: it only helps name the missing ranks
                 self._store.set(f"arrived/{channel}/{self._rank}", f"{op} {kind}")
+                # and the other channel's exchanges it entered: a non-scoring rank of main completes its gather
+                # without waiting (so without a record), then waits for its results on the other channel
+                other = 1 - channel
+                if self._ops[other] and self._works[other] is None:  # (not waiting there: its own record says more)
+                    self._store.set(f"arrived/{other}/{self._rank}", f"{self._ops[other]} done")
 
     def _raise_if_other_kind(self, channel: int, op: int, kind: str) -> None:
-        """Raise if a peer waits in exchange ``op`` of ``channel`` in another collective (``main``'s gather
-        beside another mode's all_to_all: gloo never matches them, both would wait until ``timeout``).
+        """Raise if a peer waits in exchange ``op`` of ``channel`` in another collective.
 
-        Read from the peers' arrival records, which name the collective; once one differs, the others' records
-        are given a moment (``_GRACE_S`` x 4), so that every rank's message names every rank. The group cannot
-        recover (both collectives stay pending inside gloo): the error breaks the session.
+        ``main``'s gather beside another mode's all_to_all: gloo never matches them, both would wait until
+        ``timeout``. Read from the peers' arrival records, which name the collective; once one differs, the
+        others' records are given a moment (``_GRACE_S`` x 4), so that every rank's message names every rank.
+        The group cannot recover (both collectives stay pending inside gloo): the error breaks the session.
         """
         kinds = self._kinds(channel, op, kind)
         if len(set(kinds.values())) < 2:
@@ -984,7 +991,7 @@ class TorchDistributedBackend:
                 key = f"arrived/{channel}/{r}"
                 if r != self._rank and self._store.check([key]):
                     got = bytes(self._store.get(key)).decode().split()
-                    if len(got) == 2 and int(got[0]) == op and got[1] != "timeout":  # (a rank that gave up)
+                    if len(got) == 2 and int(got[0]) == op and got[1] not in ("timeout", "done"):  # (not waiting in it)
                         kinds[r] = got[1]
         except Exception:  # the store is unreachable: the wait says so by itself
             pass
@@ -1090,12 +1097,42 @@ class TorchDistributedBackend:
                     if not missing or time.monotonic() >= end:
                         break
                     time.sleep(0.05)
-                # a rank that arrives later must not wait out its own timeout for ranks that gave up
-                if (self._peer_abort() or "T").startswith("T"):
+                # a rank missing here but waiting in the exchange this rank passed on the other channel is not
+                # missing: it waits for others (main: rank 0 in the gather, while this rank waits for its
+                # results). The ranks it names are the missing ones.
+                blocked = self._blocked_elsewhere(channel, missing)
+                named = self._named_missing(blocked) if blocked else None
+                if named is not None:
+                    missing = named
+                elif (self._peer_abort() or "T").startswith("T"):
+                    # a rank that arrives later must not wait out its own timeout for ranks that gave up
                     self._store.set("abort", f"Trank {self._rank} waited {seconds(timeout)}s for rank(s) {missing}")
             except Exception:
                 missing = []
         raise SyncTimeoutError(timeout_message(missing, timeout), missing)
+
+    def _blocked_elsewhere(self, channel: int, missing: Sequence[int]) -> list[int]:
+        """The ``missing`` ranks whose record shows them in the exchange this rank passed last on the other channel."""
+        other, passed = 1 - channel, self._ops[1 - channel]
+        out = []
+        for r in missing:
+            key = f"arrived/{other}/{r}"
+            if r != self._rank and passed and self._store.check([key]):
+                got = bytes(self._store.get(key)).decode().split()
+                if len(got) == 2 and int(got[0]) == passed and got[1] != "done":
+                    out.append(r)
+        return out
+
+    def _named_missing(self, blocked: Sequence[int]) -> list[int] | None:
+        """The ranks one of the ``blocked`` ranks waited for, once its abort record names them (within a grace)."""
+        end = time.monotonic() + 4 * _GRACE_S
+        while True:
+            found = _WAITED_FOR.search(self._peer_abort() or "")
+            if found is not None and int(found.group(1)) in blocked:
+                return [int(r) for r in found.group(2).split(",") if r.strip()]
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.05)
 
     def _not_arrived(self, channel: int, op: int) -> list[int] | None:
         """The ranks without an arrival record for this exchange (``None``: the store cannot tell)."""
