@@ -264,6 +264,7 @@ def exchange(
         droppable=call.droppable,
         seq=call.seq,
         root=root,
+        n=call.bound.n if call.bound is not None and ok else 0,
     )
 
 

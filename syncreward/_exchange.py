@@ -390,11 +390,13 @@ class Link:
         droppable: frozenset[str],
         seq: int = -1,
         root: int | None = None,
+        n: int = 0,
     ) -> Value[Inbound] | Error:
         """Send every rank this rank's header plus the start of its payload where ``route`` says; complete the payloads.
 
         ``route[src, dst]`` says whether ``src``'s payload goes to ``dst`` (``None``: no payload travels).
-        ``root``: every payload goes to rank ``root`` alone (``main``); where the backend has a gather
+        ``root``: every payload goes to rank ``root`` alone (``main``; ``n``: this rank's sample count, as its
+        header says); where the backend has a gather
         (``Gathers``), the call's inbound is :meth:`gathered` instead: a non-scoring rank talks to ``root`` only.
 
         One ``all_to_all``: the block to rank ``d`` is the header followed by an *eager* chunk of the size the
@@ -405,7 +407,7 @@ class Link:
         """
         session = self.session
         if root is not None and gathers(session.backend) is not None:
-            return self.gathered(header, payload, error, blob, names, droppable, seq, root)
+            return self.gathered(header, payload, error, blob, names, droppable, seq, root, n)
         w, me = session.world_size, session.rank
         eager = session.predictor.predict()
         mine = frozenset(_where(route[me])) if route is not None and error is None else frozenset()
@@ -464,6 +466,7 @@ class Link:
         droppable: frozenset[str],
         seq: int,
         root: int,
+        n: int,
     ) -> Value[Inbound]:
         """``main``'s inbound on a gathering backend: every rank's header and payload to ``root``, and nothing back.
 
@@ -491,16 +494,12 @@ class Link:
                 )
         body = np.frombuffer(blob if error is not None else payload, dtype=np.uint8)
         room = size - HEADER_BYTES
-        block = np.zeros(size, dtype=np.uint8)
-        block[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
-        first = body[:room]
-        block[HEADER_BYTES : HEADER_BYTES + first.size] = first
+        block = _gather_block(header, body, size)
         got = gathering.gather(block, size, root=root, channel=self.channel, timeout=self.deadline.left())
         if me != root:
             if body.size > room:
                 gathering.send(body[room:], root, channel=self.channel, timeout=self.deadline.left())
-            mine = Headers(np.frombuffer(header, dtype=np.int64)[None, :]).counts[0]
-            counts = [mine if r == me else 0 for r in range(w)]
+            counts = [n if r == me else 0 for r in range(w)]
             return Value(
                 Inbound(
                     None, counts, offsets(counts), frozenset(), gathered=True, error=error, seq=seq, names=names,
@@ -535,6 +534,15 @@ class Link:
                 drops=drop_words(headers.masks) if ok else (),
             )
         )  # fmt: skip
+
+
+def _gather_block(header: bytes, body: np.ndarray, size: int) -> np.ndarray:
+    """A gathered inbound's block: the header, then the start of ``body``, then zeros (``size`` bytes in all)."""
+    block = np.zeros(size, dtype=np.uint8)
+    block[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
+    first = body[: size - HEADER_BYTES]
+    block[HEADER_BYTES : HEADER_BYTES + first.size] = first
+    return block
 
 
 def _where(row: np.ndarray) -> list[int]:
