@@ -58,7 +58,7 @@ def test_bench_exchange_smoke(tmp_path: Path) -> None:
     assert skewed["n_local"] == [0, 512]
     # rank 0 (empty) receives exactly rank 1's frame in main mode's payload all_to_all
     assert skewed["variants"]["main"]["recv_peak_rank0"] <= 1.25 * skewed["frame_total"]
-    assert set(res["payloads"]["trl"]["profile"]["0"]) >= {"total", "score", "pre:all_to_all"}
+    assert set(res["payloads"]["trl"]["profile"]["0"]) >= {"total", "score", "pre:gather"}  # main's inbound
     assert set(res["judge"]["variants"]) == {"direct", "main", "shard", "async_main", "async_shard"}
     assert results["overhead"]["ns_per_call"]["direct"] > 0
     assert results["goals"]
