@@ -371,7 +371,7 @@ class ThreadGroup:
         Failures read as the torch backend's do (the same words, from ``syncreward._errors``): a timeout
         names the ranks that did not arrive, and a rank arriving after the others gave up on it says so,
         with the same hint. Ranks in different collectives (``kind``: gloo never matches a gather with an
-        all_to_all) raise :class:`~syncreward._errors.CollectiveMismatchError` at once, and the channel is
+        all_to_all) raise ``CollectiveMismatchError`` (a ``MismatchError``) at once, and the channel is
         then broken, as the torch backend's group is.
         """
         ch = self._channels[channel]

@@ -87,7 +87,7 @@ def test_scale_model_smoke(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "scale.py"),
-        "--world-sizes", "2", "3", "--calls", "2", "--warmup", "2", "--wire-cpu", "8",
+        "--world-sizes", "2", "3", "--calls", "2", "--warmup", "10", "--wire-cpu", "8",  # warm-up: past BLOCK_LAG
         "--fd-headroom", "0", "--timeout", "60", "--out", str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
