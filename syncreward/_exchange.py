@@ -10,6 +10,9 @@ The transfers:
 
 * :meth:`Link.inbound` -- headers and payloads; every rank raises together if a rank failed, runs
   another version, or makes another call;
+* :meth:`Link.gathered` -- ``main``'s inbound over a backend with a gather: every rank's header and payload
+  to rank 0 alone, whose verdict on them every rank learns (and raises) with the results
+  (:func:`exchange_results`);
 * :meth:`Link.status_round` -- after work only some ranks did (scoring, planning): every rank says
   whether it failed, and every rank raises together if any did (:meth:`Link.report_failures`);
 * :meth:`Link.sized_exchange` -- a status round in which every rank also says how many bytes it sends
