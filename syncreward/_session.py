@@ -17,7 +17,8 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
 * the **size predictions**: the inbound exchange's eager chunk sizes (:class:`~syncreward._wire.Predictor`,
   changed only from headers every rank saw) and ``mode="main"``'s result blocks
   (:class:`~syncreward._wire.ResultBlocks`: the size every rank's next block has, as the previous call's
-  blocks announced it);
+  blocks announced it) and ``main``'s inbound blocks on a gathering backend
+  (:class:`~syncreward._wire.InboundBlocks`: one size per call, as an earlier call's result block announced it);
 * the **in-flight calls** and the thread each came from, to refuse orderings that cannot be the same
   on every rank (calls from two threads at once) or that would deadlock (a blocking call on the event
   loop thread while an async call on that loop is pending);
