@@ -463,6 +463,8 @@ def _profile_main(batch: dict[str, list[Any]], calls: int) -> list[dict[str, int
     timer.patch(Binder, "bind", timer.staged("bind"))
     timer.patch(backend, "all_gather", timer.staged("all_gather"))
     timer.patch(backend, "all_to_all", timer.staged("all_to_all"))
+    for name in ("gather", "scatter", "send", "recv"):  # main's gathered inbound and its results
+        timer.patch(backend, name, timer.staged(name))
     scored = timer.wrap(reward, "score")
     fn = synced_reward(mode="main", backend=backend)(scored)
     results = []

@@ -40,6 +40,8 @@ class CollectiveCounter:
         "allgather_into_tensor_coalesced",
         "gather",
         "scatter",
+        "send",
+        "recv",
     )
 
     def __init__(self) -> None:
@@ -131,6 +133,16 @@ def _account(name: str, group: Any, args: tuple[Any, ...]) -> tuple[int, int]:
         blocks = inputs[0] if inputs else []
         sent = sum(_nbytes(t) for i, t in enumerate(blocks) if i != me)
         return sent, sum(_nbytes(t) for t in outputs)
+    if name == "gather":  # gather(outputs, inputs, opts): outputs holds the root's list of blocks
+        outputs, inputs = args[0], args[1]
+        blocks = outputs[0] if outputs else []
+        if blocks:  # the root: its own block stays here
+            return 0, sum(_nbytes(t) for t in blocks)
+        return sum(_nbytes(t) for t in inputs), 0
+    if name == "send":  # send(tensors, dst, tag): main's payload past its gather block
+        return sum(_nbytes(t) for t in args[0]), 0
+    if name == "recv":  # recv(tensors, src, tag)
+        return 0, sum(_nbytes(t) for t in args[0])
     return 0, 0
 
 

@@ -193,6 +193,28 @@ class Recording:
         self._record("scatter", channel, sent, recv, time.perf_counter() - t0)
         return out
 
+    def gather(self, send: np.ndarray, size: int, *, root: int, channel: int, timeout: float) -> np.ndarray:
+        t0 = time.perf_counter()
+        out: np.ndarray = self.inner.gather(send, size, root=root, channel=channel, timeout=timeout)
+        w, me = self.world_size, self.rank
+        sent = [size if d == root else 0 for d in range(w)]
+        recv = [size] * w if me == root else [0] * w
+        self._record("gather", channel, sent, recv, time.perf_counter() - t0)
+        return out
+
+    def send(self, data: np.ndarray, dst: int, *, channel: int, timeout: float) -> None:
+        t0 = time.perf_counter()
+        self.inner.send(data, dst, channel=channel, timeout=timeout)
+        sent = [int(data.nbytes) if d == dst else 0 for d in range(self.world_size)]
+        self._record("send", channel, sent, [0] * self.world_size, time.perf_counter() - t0)
+
+    def recv(self, size: int, src: int, *, channel: int, timeout: float) -> np.ndarray:
+        t0 = time.perf_counter()
+        out: np.ndarray = self.inner.recv(size, src, channel=channel, timeout=timeout)
+        got = [size if s == src else 0 for s in range(self.world_size)]
+        self._record("recv", channel, [0] * self.world_size, got, time.perf_counter() - t0)
+        return out
+
 
 def summarize(log: list[dict[str, Any]], me: int) -> dict[str, Any]:
     """One call's (or step's) collectives, from this rank's point of view (self-copies excluded)."""

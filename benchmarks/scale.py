@@ -113,27 +113,31 @@ def model(mode: str, w: int, rank: int, p: dict[str, int]) -> dict[str, int]:
     caps = p["cap"] * (p.get("rewards", 1) if mode == "step3" else 1)
     k = p.get("rewards", 1) if mode == "step3" else 1
     if mode in ("main", "step3"):
-        # inbound: every header to every rank, the payload to rank 0; outbound: one block per rank from rank 0.
+        # inbound (issue 31, part E): one gather of one B-byte block per rank to rank 0 (B: the header and the
+        # payload, with the eager headroom: _wire.block_for); outbound: one block per rank from rank 0.
         # step3 (a reward group): the first reward gathers; each later one (a hit) sends its results in an
         # all_to_all in which every rank also sends every other rank its FailedCheck record
+        from syncreward._wire import block_for
+
+        b = block_for([p["frame"]])
         hits = k - 1
         c = FailedCheck.SIZE * (w - 1) * hits  # check-record bytes a rank sends (and receives) over the hits
         if rank == 0:
             return {
                 "collectives": 1 + k,
-                "msgs_out": (1 + k) * (w - 1),
+                "msgs_out": k * (w - 1),
                 "msgs_in": (w - 1) * (1 + hits),
-                "bytes_out": (w - 1) * (H + caps) + c,
-                "bytes_in": (w - 1) * (H + e) + c,
-                "recv_buffer_peak": w * H + (w - 1) * e,
+                "bytes_out": (w - 1) * caps + c,
+                "bytes_in": (w - 1) * b + c,
+                "recv_buffer_peak": w * b,
             }
         return {
             "collectives": 1 + k,
-            "msgs_out": (w - 1) * (1 + hits),
-            "msgs_in": (w - 1) + 1 + (w - 1) * hits,
-            "bytes_out": (w - 1) * H + e + c,
-            "bytes_in": (w - 1) * H + caps + c,
-            "recv_buffer_peak": max(w * H, p["cap"] + FailedCheck.SIZE * (w - 1) if hits else p["cap"]),
+            "msgs_out": 1 + (w - 1) * hits,
+            "msgs_in": 1 + (w - 1) * hits,
+            "bytes_out": b + c,
+            "bytes_in": caps + c,
+            "recv_buffer_peak": p["cap"] + FailedCheck.SIZE * (w - 1) if hits else p["cap"],
         }
     if mode == "replicate":
         # inbound: header + payload to every rank; a status all_gather
@@ -162,10 +166,10 @@ def model(mode: str, w: int, rank: int, p: dict[str, int]) -> dict[str, int]:
 
 def wire_msgs(mode: str, w: int, collectives: int) -> int:
     """gloo messages per call in the steady state (an alltoallv W(W-1), empty ones included, a scatter W-1)."""
-    if mode == "main":
-        return w * (w - 1) + (w - 1)
-    if mode == "step3":  # inbound, the first reward's scatter, then one alltoallv per hit
-        return w * (w - 1) + (w - 1) + (collectives - 2) * w * (w - 1)
+    if mode == "main":  # a gather and a scatter
+        return 2 * (w - 1)
+    if mode == "step3":  # the gather, the first reward's scatter, then one alltoallv per hit
+        return 2 * (w - 1) + (collectives - 2) * w * (w - 1)
     return collectives * w * (w - 1)
 
 

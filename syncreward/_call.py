@@ -260,13 +260,15 @@ def encodable_here(call: Call) -> Payload:
 
 
 def exchange(
-    call: Call, payload: Outcome[Payload], route: np.ndarray | None, mode_word: int = 0
+    call: Call, payload: Outcome[Payload], route: np.ndarray | None, mode_word: int = 0, root: int | None = None
 ) -> Value[Inbound] | Error:
     """The inbound exchange of the call (``_exchange.Link.inbound``).
 
     ``payload`` is the call's payload, or this rank's failure (which then travels instead); the payload
     goes where ``route`` says (``None``: no payload travels, only the header). ``mode_word`` is the
-    header word the mode fills (``_wire``'s ``H_MODE_WORD``): every rank reads every rank's.
+    header word the mode fills (``_wire``'s ``H_MODE_WORD``): every rank reads every rank's. ``root``:
+    ``route`` sends every payload to that rank alone, which alone needs the headers (``main``: the
+    inbound is gathered there where the backend can, and its verdict comes with the results).
     """
     data: bytes | bytearray
     dropped: tuple[str, ...]
@@ -285,6 +287,9 @@ def exchange(
         blob=blob,
         names=call.names,
         droppable=call.droppable,
+        seq=call.seq,
+        root=root,
+        n=call.bound.n if call.bound is not None and ok else 0,
     )
 
 
@@ -297,7 +302,6 @@ def header(call: Call, ok: bool, size: int, mode_word: int, dropped: tuple[str, 
         step=call.step,
         n=call.bound.n if call.bound is not None and ok else 0,
         size=size,
-        desc=_NO_DESC,
         mode_word=mode_word,
         mask=drop_mask(call.names, dropped),
         shared=call.shared.digest,

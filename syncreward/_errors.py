@@ -127,6 +127,32 @@ class SyncTimeoutError(CommunicationError, TimeoutError):
         return (type(self), (*self.args[:1], self.missing_ranks), self.__dict__)
 
 
+class CollectiveMismatchError(MismatchError, CommunicationError):
+    """Ranks met in different collectives at the same point (``main``'s gather beside another mode's all_to_all).
+
+    A :class:`MismatchError` to the user; a transport failure to syncreward: the collectives cannot be taken
+    back, so the group is lost (every later call raises :class:`GroupBrokenError` naming this).
+    """
+
+
+_COLLECTIVES = {
+    "gather": "a gather (mode='main')",
+    "all_to_all": "an all_to_all (mode='replicate' or 'shard', or a reward group's hit)",
+    "scatter": "a scatter (mode='main''s results)",
+}
+
+
+def collective_mismatch_message(kinds: dict[int, str]) -> str:
+    """What every rank raises when the ranks (``rank -> kind`` of collective, as far as known) met in different ones."""
+    lines = [f"  rank {r}: in {_COLLECTIVES.get(k, k)}" for r, k in sorted(kinds.items())]
+    return (
+        "ranks made different synced calls at the same point, so their batches cannot be combined:\n"
+        + "\n".join(lines)
+        + "\nHINT: every rank must call the same synced functions in the same order (calls of different modes cannot "
+        "be combined); the group is now unusable."
+    )
+
+
 class ModeContractError(SyncRewardError):
     """A mode broke the mode contract (``_modes._base``): a bug in the mode, not in the user's code.
 

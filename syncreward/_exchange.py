@@ -10,6 +10,9 @@ The transfers:
 
 * :meth:`Link.inbound` -- headers and payloads; every rank raises together if a rank failed, runs
   another version, or makes another call;
+* :meth:`Link.gathered` -- ``main``'s inbound over a backend with a gather: every rank's header and payload
+  to rank 0 alone, whose verdict on them every rank learns (and raises) with the results
+  (:func:`exchange_results`);
 * :meth:`Link.status_round` -- after work only some ranks did (scoring, planning): every rank says
   whether it failed, and every rank raises together if any did (:meth:`Link.report_failures`);
 * :meth:`Link.sized_exchange` -- a status round in which every rank also says how many bytes it sends
@@ -35,29 +38,37 @@ import numpy as np
 from ._codec import decode_value
 from ._deadline import Deadline
 from ._description import Description
-from ._errors import CodecError, MismatchError, RemoteError, column_differences
+from ._errors import CodecError, CommunicationError, MismatchError, RemoteError, column_differences
 from ._outcome import Error, Value, add_note
 from ._session import Session
 from ._shared import SharedValues, differing_shared, read_report, shared_values_by_rank
 from ._wire import (
+    F_ALL_PROVE,
     FAILED,
     HEADER_BYTES,
     INBOUND,
     OK,
     OUTBOUND,
+    V_FAILED,
+    V_MISMATCH,
+    V_OK,
+    V_SHARED,
+    V_VERSION,
     VERSION,
     CallCheck,
     FailedCheck,
     Headers,
     ResultBlocks,
     ResultChunk,
+    drop_words,
     dropped_names,
     error_blob,
     offsets,
     remainder_counts,
     split,
+    verdict_of,
 )
-from .backends._protocol import gathers, scatters
+from .backends._protocol import Gathers, gathers, scatters
 
 __all__ = [
     "INBOUND",
@@ -75,17 +86,45 @@ SAME_CALLS = "every rank must call the same synced functions in the same order" 
 
 @dataclass
 class Inbound:
-    """What every rank knows after the inbound exchange of a call."""
+    """What this rank knows after the inbound exchange of a call.
 
-    headers: Headers
-    counts: list[int]
+    After an ``all_to_all`` inbound every rank knows every header. After a gathered one (``main`` on a
+    backend with a gather: :meth:`Link.inbound` with ``root``) only the scoring rank does: it holds the
+    ``verdict`` every rank will raise from; a non-scoring rank's inbound is ``pending`` -- no headers, its
+    own count only -- until the call's result block brings the verdict and what a reward group keeps
+    (:meth:`settle`).
+    """
+
+    headers: Headers | None  # None: a gathered inbound on a non-scoring rank
+    counts: list[int]  # a pending inbound: this rank's own count at its index, 0 elsewhere
     offsets: list[int]
     dropped: frozenset[str]
     frames: dict[int, Any] = field(default_factory=dict)  # rank -> its complete payload, for the ranks sent here
+    all_prove: bool | None = None  # every rank's mode word was non-zero (None: not known here yet)
+    gathered: bool = False  # a gathered inbound: the result block carries the verdict
+    verdict: int = V_OK  # on the scoring rank of a gathered inbound: what every rank raises (``_wire.verdict_of``)
+    text: str = ""  # the verdict's message (another wire version, an unreadable header)
+    error: BaseException | None = None  # this rank's own failure, sent in its header
+    seq: int = -1
+    next_block: int = 0  # on the scoring rank: the inbound block size this call announces
+    drops: tuple[int, ...] = ()  # on the scoring rank: the OR of every rank's drop mask
+    names: Sequence[str] = ()  # a pending inbound: what :meth:`settle` needs to name the columns left behind
+    droppable: frozenset[str] = frozenset()
 
     @property
     def total(self) -> int:
         return self.offsets[-1]
+
+    @property
+    def ok(self) -> bool:
+        """Whether this rank may score from it: no rank failed, every rank makes the same call (known here)."""
+        return self.verdict == V_OK and self.headers is not None
+
+    def settle(self, all_prove: bool, drops: Sequence[int]) -> None:
+        """A pending inbound learns, from the call's result block, what the scoring rank saw in the headers."""
+        self.all_prove = all_prove
+        if any(drops) and self.droppable:
+            self.dropped = dropped_names(self.names, self.droppable, np.asarray([drops], dtype=np.int64))
 
 
 class Sized(NamedTuple):
@@ -349,10 +388,16 @@ class Link:
         blob: bytes,
         names: Sequence[str],
         droppable: frozenset[str],
+        seq: int = -1,
+        root: int | None = None,
+        n: int = 0,
     ) -> Value[Inbound] | Error:
         """Send every rank this rank's header plus the start of its payload where ``route`` says; complete the payloads.
 
         ``route[src, dst]`` says whether ``src``'s payload goes to ``dst`` (``None``: no payload travels).
+        ``root``: every payload goes to rank ``root`` alone (``main``; ``n``: this rank's sample count, as its
+        header says); where the backend has a gather
+        (``Gathers``), the call's inbound is :meth:`gathered` instead: a non-scoring rank talks to ``root`` only.
 
         One ``all_to_all``: the block to rank ``d`` is the header followed by an *eager* chunk of the size the
         session's predictor gives every rank for this pair (sizes every rank computes alike, so the collective
@@ -361,6 +406,8 @@ class Link:
         failed, the ranks are not making the same call, or they pass different shared arguments.
         """
         session = self.session
+        if root is not None and gathers(session.backend) is not None:
+            return self.gathered(header, payload, error, blob, names, droppable, seq, root, n)
         w, me = session.world_size, session.rank
         eager = session.predictor.predict()
         mine = frozenset(_where(route[me])) if route is not None and error is None else frozenset()
@@ -389,7 +436,7 @@ class Link:
             return self.shared_mismatch()
         counts = headers.counts
         dropped = dropped_names(names, droppable, headers.masks) if droppable and headers.any_dropped else frozenset()
-        inbound = Inbound(headers, counts, offsets(counts), dropped)
+        inbound = Inbound(headers, counts, offsets(counts), dropped, all_prove=all(headers.mode_words))
         if route is None:
             return Value(inbound)
         sizes = headers.sizes
@@ -408,6 +455,94 @@ class Link:
                 if recv[s]:
                     inbound.frames[s] = inbound.frames[s].tobytes() + parts[s].tobytes()
         return Value(inbound)
+
+    def gathered(
+        self,
+        header: bytes,
+        payload: bytes | bytearray,
+        error: BaseException | None,
+        blob: bytes,
+        names: Sequence[str],
+        droppable: frozenset[str],
+        seq: int,
+        root: int,
+        n: int,
+    ) -> Value[Inbound]:
+        """``main``'s inbound on a gathering backend: every rank's header and payload to ``root``, and nothing back.
+
+        One ``gather`` of one B-byte block per rank (header, then the start of the payload or of this rank's
+        error report; B: :class:`~syncreward._wire.InboundBlocks`, the same on every rank); a rank whose
+        payload is larger sends the rest to ``root`` point to point, and ``root`` receives it from each such
+        rank, in rank order. Only ``root`` reads the headers: it decides the verdict (``_wire.verdict_of``)
+        and announces the next block size, and the call's result block carries both to every rank
+        (:func:`exchange_results`), so this never fails on its own -- every rank raises together there.
+        """
+        session, w, me = self.session, self.world_size, self.rank
+        gathering = gathers(session.backend)
+        assert gathering is not None
+        blocks = session.inbound_blocks
+        source = blocks.gathered(seq)
+        size = blocks.size(source)
+        if size is None:  # concurrent async calls: the result block that announced it has not come yet
+            assert source is not None
+            session.results_done(source, self.deadline, self.function)
+            size = blocks.size(source)
+            if size is None:
+                raise CodecError(
+                    f"call #{source}'s result block announced no inbound block size. HINT: every rank must run the "
+                    "same syncreward version."
+                )
+        body = np.frombuffer(blob if error is not None else payload, dtype=np.uint8)
+        room = size - HEADER_BYTES
+        block = _gather_block(header, body, size)
+        got = gathering.gather(block, size, root=root, channel=self.channel, timeout=self.deadline.left())
+        if me != root:
+            if body.size > room:
+                gathering.send(body[room:], root, channel=self.channel, timeout=self.deadline.left())
+            counts = [n if r == me else 0 for r in range(w)]
+            return Value(
+                Inbound(
+                    None, counts, offsets(counts), frozenset(), gathered=True, error=error, seq=seq, names=names,
+                    droppable=droppable,
+                )
+            )  # fmt: skip
+        headers = Headers.gather(got, range(0, w * size, size))
+        verdict, text = verdict_of(headers)
+        frames: dict[int, Any] = {}
+        if verdict in (V_OK, V_FAILED, V_MISMATCH, V_SHARED):  # sizes to be believed: receive what was sent
+            sizes = headers.sizes
+            for s in range(w):
+                if s == root:
+                    continue
+                at = s * size + HEADER_BYTES
+                part = got[at : at + min(sizes[s], room)]
+                if sizes[s] > room:
+                    rest = gathering.recv(sizes[s] - room, s, channel=self.channel, timeout=self.deadline.left())
+                    frames[s] = part.tobytes() + rest.tobytes()
+                else:
+                    frames[s] = part
+        ok = verdict == V_OK
+        announced = blocks.announce(seq, headers.sizes if ok else None)
+        counts = headers.counts
+        dropped: frozenset[str] = frozenset()
+        if ok and droppable and headers.any_dropped:
+            dropped = dropped_names(names, droppable, headers.masks)
+        return Value(
+            Inbound(
+                headers, counts, offsets(counts), dropped, frames, all_prove=ok and all(headers.mode_words),
+                gathered=True, verdict=verdict, text=text, error=error, seq=seq, next_block=announced,
+                drops=drop_words(headers.masks) if ok else (),
+            )
+        )  # fmt: skip
+
+
+def _gather_block(header: bytes, body: np.ndarray, size: int) -> np.ndarray:
+    """A gathered inbound's block: the header, then the start of ``body``, then zeros (``size`` bytes in all)."""
+    block = np.zeros(size, dtype=np.uint8)
+    block[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
+    first = body[: size - HEADER_BYTES]
+    block[HEADER_BYTES : HEADER_BYTES + first.size] = first
+    return block
 
 
 def _where(row: np.ndarray) -> list[int]:
@@ -443,7 +578,7 @@ def exchange_results(
     link: Link,
     fp: int,
     seq: int,
-    counts: Sequence[int],
+    inbound: Inbound,
     bodies: Mapping[int, bytes | bytearray] | BaseException | None,
     *,
     record: CallCheck | None = None,
@@ -452,24 +587,32 @@ def exchange_results(
     """Rank ``root`` sends every other rank its result body, or its failure; return this rank's body.
 
     ``bodies`` is, on ``root``, the encoded body for every other rank, or ``root``'s failure; ``None``
-    elsewhere. ``fp`` and ``seq`` name the call (every receiver checks them), ``counts`` are every
-    rank's sample counts (they size the next blocks). With ``record`` (this rank's :class:`CallCheck`,
-    where no inbound exchange checked the call: a reward group's hit) every rank also sends every rank
-    its record, and every rank raises together if the records name different calls; a rank other than
-    ``root`` may then pass its own failure as ``bodies`` (its call failed before its turn), and every rank
-    raises it (:meth:`Link.report_failures`).
+    elsewhere (and on ``root`` where its gathered ``inbound`` holds a verdict: nothing was scored).
+    ``fp`` and ``seq`` name the call (every receiver checks them); ``inbound`` is what the call's inputs
+    gave (its counts size the next blocks). With ``record`` (this rank's :class:`CallCheck`, where no
+    inbound exchange checked the call: a reward group's hit) every rank also sends every rank its record,
+    and every rank raises together if the records name different calls; a rank other than ``root`` may
+    then pass its own failure as ``bodies`` (its call failed before its turn), and every rank raises it
+    (:meth:`Link.report_failures`).
+
+    After a gathered inbound (:meth:`Link.gathered`) the block also carries ``root``'s verdict on the
+    headers only it read, and every rank acts on it alike: a rank's failure (:meth:`Link.status_round`:
+    the origin raises its own exception, the others a :class:`RemoteError`), different calls
+    (:meth:`Link.mismatch`) or shared arguments (:meth:`Link.shared_mismatch`), another wire version or an
+    unreadable header (``root``'s text); and the inbound block size of a later call.
 
     Every body rides in a block of the size the previous call's blocks announced, one size for every
     rank (:class:`~syncreward._wire.ResultBlocks`), in one scatter (with ``record``: one ``all_to_all``);
-    a body that outgrew its block sends its tail in one more ``all_to_all``. Returns, on ``root``,
-    ``Value(b"")`` or its own failure; elsewhere the body, or an ``Error`` every rank raises (``root``
-    failed: a :class:`RemoteError`), or this rank's own (``root`` sent another call's results).
+    a body that outgrew its block sends its tail in one more exchange (point to point where the backend
+    has them). Returns, on ``root``, ``Value(b"")`` or its own failure; elsewhere the body, or an
+    ``Error`` every rank raises (``root`` failed: a :class:`RemoteError`), or this rank's own (``root``
+    sent another call's results).
     """
     blocks = link.session.result_blocks
     if link.rank == root:
-        return _send_results(link, blocks, fp, seq, counts, bodies, record, root)
+        return _send_results(link, blocks, fp, seq, inbound, bodies, record, root)
     mine = bodies if isinstance(bodies, BaseException) and record is not None else None
-    return _receive_results(link, blocks, fp, seq, record, root, mine)
+    return _receive_results(link, blocks, fp, seq, inbound, record, root, mine)
 
 
 def _send_results(
@@ -477,33 +620,49 @@ def _send_results(
     blocks: ResultBlocks,
     fp: int,
     seq: int,
-    counts: Sequence[int],
+    inbound: Inbound,
     outgoing: Mapping[int, bytes | bytearray] | BaseException | None,
     record: CallCheck | None,
     root: int,
 ) -> Value[bytes] | Error:
     w, cap = link.world_size, blocks.capacity  # what the previous blocks announced (one size for every rank)
+    gathered = record is None and inbound.gathered
+    verdict = inbound.verdict if gathered else V_OK
     error = outgoing if isinstance(outgoing, BaseException) else None
     bodies: Mapping[int, bytes | bytearray] = {}
     blob = b""
-    if isinstance(outgoing, BaseException):
+    if verdict != V_OK:
+        text = inbound.text.encode("utf-8", "backslashreplace")
+        bodies = {r: text for r in range(w) if r != root}
+    elif isinstance(outgoing, BaseException):
         blob = error_blob(outgoing)
         bodies = {r: blob for r in range(w) if r != root}
     elif outgoing is not None:
         bodies = outgoing
     status = OK if error is None else FAILED
-    nxt = blocks.announce(fp, {r: len(b) for r, b in bodies.items()} if status == OK else None, counts)
+    learn = status == OK and verdict == V_OK
+    nxt = blocks.announce(fp, {r: len(b) for r, b in bodies.items()} if learn else None, inbound.counts)
     room = cap - ResultChunk.HEADER
     overflow = any(len(body) > room for body in bodies.values())
+    flags = F_ALL_PROVE if gathered and inbound.all_prove else 0
+    drops = inbound.drops if gathered and inbound.drops else ResultChunk.drops
     send = bytearray()
     for r in range(w):  # the root's own block is all zeros: a scatter sends every rank one block
         body = bodies.get(r, b"")
-        send += ResultChunk(status, overflow, nxt, len(body), fp, seq).pack(body, cap)
+        chunk = ResultChunk(status, overflow, nxt, len(body), fp, seq, verdict, inbound.next_block, flags, drops)
+        send += chunk.pack(body, cap)
     checks = _blocks_exchange(link, send, cap, record, root, blob)[1]
     if overflow:
         tails = [bodies[r][room:] if r in bodies else b"" for r in range(w)]
-        link.all_to_all(b"".join(tails), [len(t) for t in tails], [0] * w)
+        if (p2p := _point_to_point(link, record)) is not None:
+            for r, tail in enumerate(tails):
+                if tail:
+                    p2p.send(np.frombuffer(tail, dtype=np.uint8), r, channel=link.channel, timeout=link.deadline.left())
+        else:
+            link.all_to_all(b"".join(tails), [len(t) for t in tails], [0] * w)
     blocks.advance(nxt)
+    if verdict != V_OK:
+        return _verdict_error(link, verdict, inbound.text, inbound.error)
     if checks is not None and (wrong := _checked(link, checks, error, blob, root)):
         return wrong
     return Error(error) if error is not None else Value(b"")
@@ -514,6 +673,7 @@ def _receive_results(
     blocks: ResultBlocks,
     fp: int,
     seq: int,
+    inbound: Inbound,
     record: CallCheck | None,
     root: int,
     failure: BaseException | None = None,
@@ -526,8 +686,17 @@ def _receive_results(
     body = buf[ResultChunk.HEADER : ResultChunk.HEADER + min(chunk.body_bytes, room)].tobytes()
     if chunk.overflow:
         rest = max(0, chunk.body_bytes - room)
-        body += link.all_to_all(b"", [0] * w, [rest if s == root else 0 for s in range(w)]).tobytes()
+        if (p2p := _point_to_point(link, record)) is not None:
+            if rest:
+                body += p2p.recv(rest, root, channel=link.channel, timeout=link.deadline.left()).tobytes()
+        else:
+            body += link.all_to_all(b"", [0] * w, [rest if s == root else 0 for s in range(w)]).tobytes()
     blocks.advance(chunk.next_capacity)
+    if record is None and inbound.gathered:  # root's verdict on the headers only it read
+        link.session.inbound_blocks.learn(seq, chunk.next_block)
+        inbound.settle(chunk.verdict == V_OK and bool(chunk.flags & F_ALL_PROVE), chunk.drops)
+        if chunk.verdict != V_OK:
+            return _verdict_error(link, chunk.verdict, body.decode("utf-8", "replace"), inbound.error)
     if checks is not None and (wrong := _checked(link, checks, failure, mine, root)):
         return wrong
     if (chunk.fp, chunk.seq) != (fp, seq):
@@ -545,6 +714,30 @@ def _receive_results(
             return Error(e)
         return Error(error)
     return Value(body)
+
+
+def _point_to_point(link: Link, record: CallCheck | None) -> Gathers | None:
+    """The backend's ``send``/``recv``, for a result tail: where it has them and the blocks went in a scatter."""
+    return gathers(link.session.backend) if record is None else None
+
+
+def _verdict_error(link: Link, verdict: int, text: str, mine: BaseException | None) -> Error:
+    """What every rank raises after a gathered inbound whose headers showed ``verdict`` (see :func:`exchange_results`).
+
+    ``mine``: this rank's own failure, which its header announced.
+    """
+    if verdict == V_FAILED:
+        got = link.status_round(mine)
+        if isinstance(got, Error):
+            return got
+        return Error(CommunicationError("the scoring rank saw a failure that no rank reported again"))
+    if verdict == V_MISMATCH:
+        return link.mismatch()
+    if verdict == V_SHARED:
+        return link.shared_mismatch()
+    if verdict == V_VERSION:
+        return Error(MismatchError(text))
+    return Error(CodecError(text or "the scoring rank could not read the calls' headers"))
 
 
 def _blocks_exchange(

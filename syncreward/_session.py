@@ -17,7 +17,8 @@ One :class:`Session` exists per backend object in a process (:func:`session_for`
 * the **size predictions**: the inbound exchange's eager chunk sizes (:class:`~syncreward._wire.Predictor`,
   changed only from headers every rank saw) and ``mode="main"``'s result blocks
   (:class:`~syncreward._wire.ResultBlocks`: the size every rank's next block has, as the previous call's
-  blocks announced it);
+  blocks announced it) and ``main``'s inbound blocks on a gathering backend
+  (:class:`~syncreward._wire.InboundBlocks`: one size per call, as an earlier call's result block announced it);
 * the **in-flight calls** and the thread each came from, to refuse orderings that cannot be the same
   on every rank (calls from two threads at once) or that would deadlock (a blocking call on the event
   loop thread while an async call on that loop is pending);
@@ -54,7 +55,7 @@ from ._errors import (
 )
 from ._outcome import Error, Outcome, Value
 from ._turnstile import Latch, Turnstile
-from ._wire import Predictor, ResultBlocks
+from ._wire import InboundBlocks, Predictor, ResultBlocks
 from .backends import Backend
 from .backends._cache import on_release
 from .backends._protocol import abandons, aborts
@@ -80,6 +81,7 @@ class Session:
         self.turns = (Turnstile(self.latch, self.break_), Turnstile(self.latch, self.break_))
         self.predictor = Predictor(self.world_size)
         self.result_blocks = ResultBlocks()
+        self.inbound_blocks = InboundBlocks()  # ``main``'s inbound block size on a gathering backend
         self._seq = 0
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[int, bool]] = {}  # seq -> (thread id, async)
@@ -279,6 +281,22 @@ class Session:
     def withdraw(self, channel: int, seq: int) -> bool:
         """Take back call ``seq``'s submitted work on ``channel`` if it has not started; whether it had not."""
         return self.turns[channel].withdraw(seq)
+
+    def results_done(self, seq: int, deadline: Deadline, function: str) -> None:
+        """Wait until call ``seq``'s results turn (channel 1) is over on this rank: what its result block said is known.
+
+        For an inbound turn that needs what an earlier call's result block announced (``_exchange``); raises
+        (breaking the session) where it does not come by the ``deadline``.
+        """
+        if self.turns[1].wait_past(seq, deadline):
+            return
+        if self.latch.reason is not None:
+            raise self.latch.error(call_words(seq, function))
+        raise SyncTimeoutError(
+            f"{call_words(seq, function)} waited timeout={deadline.timeout:g}s for the results of call #{seq} on "
+            "this rank. HINT: a synced call awaits another synced call's results inside its own function?",
+            [],
+        )
 
     def skip(self, channel: int, seq: int) -> None:
         """Give up ``seq``'s turn on ``channel`` without exchanging (every rank skips the same turns)."""

@@ -90,6 +90,20 @@ class Turnstile:
         finally:
             self._release(seq)
 
+    def wait_past(self, seq: int, deadline: Deadline) -> bool:
+        """Wait until ``seq``'s turn is over (run, or skipped); ``False`` at the ``deadline`` or a broken latch."""
+        with self._lock:
+            while self._next <= seq and self._latch.reason is None:
+                left = deadline.end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._sleepers += 1
+                try:
+                    self._cv.wait(left)
+                finally:
+                    self._sleepers -= 1
+            return self._next > seq
+
     def submit(self, seq: int, work: Callable[[], Outcome[T]], call: str) -> Future[Outcome[T]]:
         """Run ``work`` on a worker thread when ``seq``'s turn comes; never blocks the caller.
 

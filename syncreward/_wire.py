@@ -7,8 +7,7 @@ the *process* when two ranks disagree about the size of a collective.
 
 The header every rank sends every other rank at the start of a call (int64 words)::
 
-    [version, seq, status, fingerprint, step, n_samples, payload_bytes, description_bytes, mode_word, shared,
-     drop_mask x4]
+    [version, seq, status, fingerprint, step, n_samples, payload_bytes, mode_word, shared, drop_mask x4]
 
 * ``seq``: the call's sequence number on its session; ``step``: the training step the call belongs to
   (TRL's ``trainer_state.global_step``, a ``step=``/``global_step=`` argument, else ``NO_STEP``). Ranks
@@ -33,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -57,6 +57,7 @@ __all__ = [
     "Headers",
     "Predictor",
     "ResultBlocks",
+    "InboundBlocks",
     "ResultChunk",
     "dropped_names",
     "drop_mask",
@@ -70,8 +71,8 @@ __all__ = [
     "split",
 ]
 
-VERSION = 0x5352_0006  # the first header word: ranks that run another version raise (each version: CHANGELOG.md)
-H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_DESC, H_MODE_WORD, H_SHARED, H_DROP = range(11)
+VERSION = 0x5352_0007  # the first header word: ranks that run another version raise (each version: CHANGELOG.md)
+H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_MODE_WORD, H_SHARED, H_DROP = range(10)
 DROP_WORDS = 4
 HEADER_LEN = H_DROP + DROP_WORDS
 DROP_BITS = 63 * DROP_WORDS
@@ -147,12 +148,11 @@ def pack_header(
     step: int,
     n: int,
     size: int,
-    desc: int,
     mode_word: int,
     mask: Sequence[int],
     shared: int = NO_SHARED,
 ) -> bytes:
-    return _HEADER.pack(VERSION, seq, status, fp, step, n, size, desc, mode_word, shared, *mask)
+    return _HEADER.pack(VERSION, seq, status, fp, step, n, size, mode_word, shared, *mask)
 
 
 HEADER_BYTES = HEADER_LEN * 8
@@ -221,10 +221,6 @@ class Headers:
         return self._words[H_SIZE]
 
     @property
-    def desc_sizes(self) -> list[int]:
-        return self._words[H_DESC]
-
-    @property
     def mode_words(self) -> list[int]:
         """Every rank's mode word: what its mode says in the header.
 
@@ -251,7 +247,6 @@ class Headers:
         for col, what in (
             (H_N, "sample count"),
             (H_SIZE, "payload size"),
-            (H_DESC, "description size"),
             (H_MODE_WORD, "mode word"),
         ):
             values = self._words[col]
@@ -365,9 +360,16 @@ class Predictor:
 
 # --------------------------------------------------------------------------------------------- results
 
-_CHUNK = struct.Struct("<BBxxIQqq")  # status, overflow follows, next block's capacity, body bytes, fp, seq
+_CHUNK = struct.Struct(f"<BBBBIIQqq{DROP_WORDS}q")
+# status, overflow follows, verdict, flags, next result block's capacity, next inbound block's size, body bytes,
+# fp, seq, the drop mask every rank's columns left behind (OR of the headers' masks)
 BASE_CAPACITY = 256  # a block's size before anything was learned (the chunk header included)
 MAX_CAPACITY = 64 << 20
+
+# What the scoring rank of ``main`` decided from the gathered headers (a gathering backend: only it reads
+# them), sent to every rank in its result block: every rank then raises together (``_exchange``).
+V_OK, V_FAILED, V_MISMATCH, V_SHARED, V_VERSION, V_UNREADABLE = range(6)
+F_ALL_PROVE = 1  # a chunk flag: every rank's mode word was non-zero (a reward group's miss: columns prove identity)
 
 
 @dataclass(frozen=True)
@@ -378,6 +380,12 @@ class ResultChunk:
     for every rank, so the blocks can go in one scatter), so every rank knows it without agreeing on
     anything else first -- not even on which call this is (``fp``, ``seq`` say that, and the receiver
     checks). A body that does not fit continues in one more exchange (``overflow``).
+
+    On a gathering backend the scoring rank alone read the call's headers: ``verdict`` is what it decided
+    (``V_OK``, or why every rank raises: a rank failed, the ranks made different calls or passed different
+    shared arguments, another wire version, an unreadable header -- the last two with the text as body),
+    ``next_block`` the size of a later call's inbound block (:class:`InboundBlocks`), ``flags`` and
+    ``drops`` what the headers said that a reward group keeps (:data:`F_ALL_PROVE`, the columns left behind).
     """
 
     status: int
@@ -386,18 +394,132 @@ class ResultChunk:
     body_bytes: int
     fp: int  # the call these results belong to: the receiver checks it is making the same call
     seq: int
+    verdict: int = V_OK
+    next_block: int = 0
+    flags: int = 0
+    drops: tuple[int, ...] = (0,) * DROP_WORDS
 
     HEADER = _CHUNK.size
 
     def pack(self, body: bytes | bytearray, capacity: int) -> bytes:
-        head = _CHUNK.pack(self.status, self.overflow, self.next_capacity, self.body_bytes, self.fp, self.seq)
+        head = _CHUNK.pack(
+            self.status,
+            self.overflow,
+            self.verdict,
+            self.flags,
+            self.next_capacity,
+            self.next_block,
+            self.body_bytes,
+            self.fp,
+            self.seq,
+            *self.drops,
+        )
         chunk = head + bytes(body[: capacity - self.HEADER])
         return chunk + bytes(capacity - len(chunk))
 
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> ResultChunk:
-        status, overflow, capacity, size, fp, seq = _CHUNK.unpack_from(buf)
-        return cls(status, bool(overflow), capacity, size, fp, seq)
+        status, overflow, verdict, flags, capacity, block, size, fp, seq, *drops = _CHUNK.unpack_from(buf)
+        return cls(status, bool(overflow), capacity, size, fp, seq, verdict, block, flags, tuple(drops))
+
+
+def verdict_of(headers: Headers) -> tuple[int, str]:
+    """What every rank must do after the inbound headers ``headers``: ``(V_OK, "")`` or why every rank raises.
+
+    For ``V_VERSION`` and ``V_UNREADABLE`` the text is the message every rank raises.
+    """
+    if headers.versions != {VERSION}:
+        return V_VERSION, (
+            f"ranks run different syncreward wire versions ({sorted(hex(v) for v in headers.versions)}). "
+            "HINT: install the same syncreward version on every node."
+        )
+    problem = headers.problem()
+    if problem is not None:
+        return V_UNREADABLE, f"{problem}. HINT: every rank must run the same syncreward version."
+    if headers.failed:
+        return V_FAILED, ""
+    if not headers.agree:
+        return V_MISMATCH, ""
+    if not headers.shared_agree:
+        return V_SHARED, ""
+    return V_OK, ""
+
+
+def drop_words(masks: np.ndarray) -> tuple[int, ...]:
+    """The OR of every rank's drop mask (rows of ``masks``): what a rank that did not see the headers needs."""
+    return tuple(int(np.bitwise_or.reduce(masks[:, w])) if len(masks) else 0 for w in range(DROP_WORDS))
+
+
+# --------------------------------------------------------------------------------------------- inbound blocks
+
+BLOCK_PAYLOAD = 256  # the payload bytes of an inbound block before anything was learned
+BASE_BLOCK = HEADER_BYTES + BLOCK_PAYLOAD
+BLOCK_WINDOW = 16  # an inbound block fits the largest payload of the last 16 gathered calls
+BLOCK_LAG = 8  # the size a call announces is used from the call 8 gathered calls later
+
+
+def block_for(sizes: Sequence[int]) -> int:
+    """The inbound block that fits every one of ``sizes`` (payloads, or error reports) with the eager headroom."""
+    largest = max((int(s) for s in sizes), default=0)
+    room = min(MAX_EAGER, round8(int(max(largest, 0) * EAGER_MARGIN)))
+    return HEADER_BYTES + max(room, 64)
+
+
+class InboundBlocks:
+    """``mode="main"``'s inbound blocks on a gathering backend: one size B for every rank of a call's gather.
+
+    Every rank sends the scoring rank one B-byte block (header, then the start of its payload); the part
+    of a payload past it follows point to point. B must be the same on every rank, yet only the scoring
+    rank reads the sizes: it announces a size in each gathered call's result block (:meth:`announce`, the
+    largest need of the last ``BLOCK_WINDOW`` gathered calls: it grows at once and shrinks back when the
+    large calls leave the window), and a call uses what the gathered call ``BLOCK_LAG`` gathered calls
+    before it announced (:meth:`source`): concurrent ``async`` calls (up to ``BLOCK_LAG`` of them) keep
+    overlapping, because no call waits for the results of the call just before it. Every rank records the
+    same gathered calls in the same order (:meth:`gathered`), so every rank picks the same announcement.
+    """
+
+    def __init__(self) -> None:
+        self._needs: list[int] = []  # on the scoring rank: the last BLOCK_WINDOW gathered calls' needs
+        self._calls: list[int] = []  # the sequence numbers of the gathered calls, oldest first (the last BLOCK_LAG + 1)
+        self._announced: dict[int, int] = {}  # sequence number -> the size its result block announced
+        self._lock = threading.Lock()  # the inbound turn reads what the results turn learns (two threads)
+
+    def gathered(self, seq: int) -> int | None:
+        """Call ``seq`` gathers its inputs: the sequence number of the call whose announced size it uses.
+
+        ``None``: none (``BASE_BLOCK``). Called in the call's inbound turn (sequence order), on every rank.
+        """
+        self._calls.append(seq)
+        if len(self._calls) <= BLOCK_LAG:
+            return None
+        source = self._calls[-1 - BLOCK_LAG]
+        del self._calls[: -1 - BLOCK_LAG]
+        with self._lock:
+            for s in [s for s in self._announced if s < source]:
+                del self._announced[s]
+        return source
+
+    def announce(self, seq: int, sizes: Sequence[int] | None) -> int:
+        """On the scoring rank: call ``seq`` saw payloads of ``sizes`` (``None``: nothing to learn); its size to use."""
+        if sizes is not None:
+            self._needs.append(block_for(sizes))
+            del self._needs[:-BLOCK_WINDOW]
+        size = max(self._needs, default=BASE_BLOCK)
+        with self._lock:
+            self._announced[seq] = size
+        return size
+
+    def learn(self, seq: int, size: int) -> None:
+        """Elsewhere: call ``seq``'s result block announced ``size``."""
+        with self._lock:
+            self._announced[seq] = size
+
+    def size(self, source: int | None) -> int | None:
+        """The block size of a call whose announcement comes from ``source``; ``None``: not learned yet."""
+        if source is None:
+            return BASE_BLOCK
+        with self._lock:
+            return self._announced.get(source)
 
 
 @dataclass(frozen=True)

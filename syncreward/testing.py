@@ -86,7 +86,16 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CommunicationError, SyncTimeoutError, late_message, left_message, seconds, timeout_message
+from ._errors import (
+    CollectiveMismatchError,
+    CommunicationError,
+    SyncTimeoutError,
+    collective_mismatch_message,
+    late_message,
+    left_message,
+    seconds,
+    timeout_message,
+)
 from .backends._cache import release
 from .backends._resolve import as_thread_rank, thread_ranks
 
@@ -324,6 +333,7 @@ class ThreadGroup:
         self._aborted: str | None = None
         self._left: dict[int, tuple[str, tuple[int, int]]] = {}  # rank -> (why, exchanges it entered per channel)
         self._lock = threading.Lock()  # entering an exchange vs. a rank leaving: one sees the other
+        self._mail: dict[tuple[int, int, int], queue.Queue[np.ndarray]] = {}  # (channel, src, dst) -> what src sent
 
     def backends(self) -> list[ThreadBackend]:
         """One :class:`ThreadBackend` per rank."""
@@ -355,12 +365,14 @@ class ThreadGroup:
         whys = [why for _, (why, ops) in sorted(self._left.items()) if ops[channel] < op]
         return left_message(whys) if whys else None
 
-    def exchange(self, channel: int, rank: int, item: Any, timeout: float) -> list[Any]:
+    def exchange(self, channel: int, rank: int, item: Any, timeout: float, kind: str = "all_to_all") -> list[Any]:
         """Post ``item`` and return every rank's item, in rank order (all ranks must call it).
 
         Failures read as the torch backend's do (the same words, from ``syncreward._errors``): a timeout
         names the ranks that did not arrive, and a rank arriving after the others gave up on it says so,
-        with the same hint.
+        with the same hint. Ranks in different collectives (``kind``: gloo never matches a gather with an
+        all_to_all) raise ``CollectiveMismatchError`` (a ``MismatchError``) at once, and the channel is
+        then broken, as the torch backend's group is.
         """
         ch = self._channels[channel]
         if ch.broken is not None:
@@ -371,7 +383,7 @@ class ThreadGroup:
                 raise CommunicationError(what)
             raise CommunicationError(f"{what}. HINT: see that rank's traceback; the group is now unusable.")
         with self._lock:
-            ch.slots[rank] = item
+            ch.slots[rank] = (kind, item)
             ch.ops[rank] += 1
             op = ch.ops[rank]
             left = None if self._aborted is not None else self._left_message(ch, op)
@@ -382,7 +394,7 @@ class ThreadGroup:
             raise CommunicationError(left)
         try:
             ch.barrier.wait(timeout)
-            got = list(ch.slots)
+            tagged = list(ch.slots)
             ch.barrier.wait(timeout)  # nobody overwrites a slot before everyone has read it
         except threading.BrokenBarrierError:
             if self._aborted is not None:  # a rank's own failure: the cause, even if that rank has left since
@@ -397,7 +409,38 @@ class ThreadGroup:
             missing = [r for r in range(self.world_size) if ch.ops[r] < op]
             ch.broken = ch.broken or ("T", f"rank {rank} waited {seconds(timeout)}s for rank(s) {missing}")
             raise SyncTimeoutError(timeout_message(missing, timeout), missing) from None
-        return got
+        kinds = {r: k for r, (k, _) in enumerate(tagged)}
+        if len(set(kinds.values())) > 1:
+            message = collective_mismatch_message(kinds)
+            ch.broken = ch.broken or ("F", message.split("\nHINT:")[0])
+            raise CollectiveMismatchError(message)
+        return [got for _, got in tagged]
+
+    def mailbox(self, channel: int, src: int, dst: int) -> queue.Queue[np.ndarray]:
+        """What ``src`` sent ``dst`` point to point on ``channel``, in order."""
+        with self._lock:
+            return self._mail.setdefault((channel, src, dst), queue.Queue())
+
+    def receive(self, channel: int, src: int, dst: int, timeout: float) -> np.ndarray:
+        """The next bytes ``src`` sent ``dst`` on ``channel``; raises as :meth:`exchange` does when none come."""
+        box = self.mailbox(channel, src, dst)
+        end = time.monotonic() + timeout
+        while True:
+            if self._aborted is not None:
+                raise CommunicationError(
+                    f"the group was aborted: {self._aborted}. HINT: see that rank's traceback; the group is now "
+                    "unusable."
+                )
+            try:
+                return box.get(timeout=min(0.05, max(end - time.monotonic(), 0.001)))
+            except queue.Empty:
+                pass
+            with self._lock:
+                left = self._left.get(src)
+            if left is not None:
+                raise CommunicationError(left_message([left[0]]))
+            if time.monotonic() >= end:
+                raise SyncTimeoutError(timeout_message([src], timeout), [src])
 
     def violation(self, rank: int, message: str) -> CommunicationError:
         self.violations.append((rank, message))
@@ -452,7 +495,8 @@ class ThreadBackend:
         me, w = self._rank, self.world_size
         if me == root and (send.dtype != np.uint8 or len(send) != size * w):
             raise self.group.violation(me, f"scatter of {send.dtype}[{len(send)}] in blocks of {size} to {w} ranks")
-        items = self.group.exchange(channel, me, (root, int(size), send.copy() if me == root else None), timeout)
+        item = (root, int(size), send.copy() if me == root else None)
+        items = self.group.exchange(channel, me, item, timeout, "scatter")
         if {(r, n) for r, n, _ in items} != {(root, size)}:
             raise self.group.violation(me, f"scatter with (root, block size) {[(r, n) for r, n, _ in items]}")
         block: np.ndarray = items[root][2][me * size : (me + 1) * size]
@@ -463,12 +507,25 @@ class ThreadBackend:
         me = self._rank
         if send.dtype != np.uint8 or len(send) != size:
             raise self.group.violation(me, f"gather of {send.dtype}[{len(send)}] in blocks of {size}")
-        items = self.group.exchange(channel, me, (root, int(size), send.copy()), timeout)
+        items = self.group.exchange(channel, me, (root, int(size), send.copy()), timeout, "gather")
         if {(r, n) for r, n, _ in items} != {(root, size)}:
             raise self.group.violation(me, f"gather with (root, block size) {[(r, n) for r, n, _ in items]}")
         if me != root:
             return np.empty(0, dtype=np.uint8)
         return np.concatenate([block for _, _, block in items])
+
+    def send(self, data: np.ndarray, dst: int, *, channel: int, timeout: float) -> None:
+        """The optional point-to-point send of :class:`syncreward.backends.Gathers`: ``data`` to rank ``dst``."""
+        if data.dtype != np.uint8 or not 0 <= dst < self.world_size or dst == self._rank:
+            raise self.group.violation(self._rank, f"send of {data.dtype}[{len(data)}] to rank {dst}")
+        self.group.mailbox(channel, self._rank, dst).put(data.copy())
+
+    def recv(self, size: int, src: int, *, channel: int, timeout: float) -> np.ndarray:
+        """The optional point-to-point receive of :class:`syncreward.backends.Gathers`: ``size`` bytes from ``src``."""
+        got = self.group.receive(channel, src, self._rank, timeout)
+        if len(got) != size:
+            raise self.group.violation(self._rank, f"rank {src} sent {len(got)} bytes to a receive of {size}")
+        return got
 
     def abandon(self, reason: str) -> None:
         """The optional exit hook of :class:`syncreward.Backend`: abort the group, so no rank waits in it."""

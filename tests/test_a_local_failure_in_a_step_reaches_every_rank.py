@@ -1,7 +1,7 @@
 """A rank whose own step fails (out of memory building a buffer) makes every other rank raise within seconds.
 
 The failure is this rank's alone, inside a collective step: the receive buffer of the torch backend
-(``torch.empty``), the send blocks of the inbound exchange, or reading the gathered headers. Before, the
+(``torch.empty``), its block of ``main``'s inbound gather, or reading its result block. Before, the
 rank raised at once and the others waited in that exchange for the whole ``timeout=`` (here 60 s) and
 then blamed a rank that "did not arrive". Now the failing rank leaves its error in the groups' abort
 record and every other rank raises a ``CommunicationError`` naming that rank and its error, within a
@@ -35,20 +35,24 @@ def _out_of_memory(*args: Any, **kwargs: Any) -> Any:
     raise MemoryError("injected: cannot allocate the buffer")
 
 
-class _FailingHeaders:
-    """``_exchange.Headers`` whose ``gather`` (reading the received headers) runs out of memory."""
+class _FailingChunk:
+    """``_exchange.ResultChunk`` whose ``unpack`` (reading the received result block) runs out of memory."""
+
+    HEADER = _exchange.ResultChunk.HEADER
 
     @staticmethod
-    def gather(*args: Any, **kwargs: Any) -> Any:
-        raise MemoryError("injected: cannot read the headers")
+    def unpack(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError("injected: cannot read the result block")
 
 
-# where the failure is injected on rank 1: (module, attribute, replacement, warm-up calls first)
+# where the failure is injected on rank 1: (module, attribute, replacement, warm-up calls first). main over torch
+# gathers to rank 0: rank 1 builds its gather block (not all_to_all blocks) and reads no headers, only its result
+# block (rank 0 alone reads the headers)
 POINTS = {
     "receive_buffer": (torch, "empty", _out_of_memory, 1),
-    "send_blocks": (_exchange, "_blocks", _out_of_memory, 1),
-    "send_blocks_at_the_first_call": (_exchange, "_blocks", _out_of_memory, 0),
-    "reading_headers": (_exchange, "Headers", _FailingHeaders, 1),
+    "send_blocks": (_exchange, "_gather_block", _out_of_memory, 1),
+    "send_blocks_at_the_first_call": (_exchange, "_gather_block", _out_of_memory, 0),
+    "reading_the_result_block": (_exchange, "ResultChunk", _FailingChunk, 1),
 }
 
 
@@ -77,10 +81,10 @@ def results() -> list[dict[str, Any]]:
     return run_ranks(_body, 3, timeout=240)
 
 
-# Reading the headers fails after the inbound exchange completed everywhere: a rank that needs nothing more from
-# rank 1 in that call (rank 2 in main, whose results rank 0 has already sent) may return them; it learns of
-# rank 1's failure at its next call instead, at once.
-COMPLETE_ELSEWHERE = {"reading_headers"}
+# Reading the result block fails after the call's last exchange completed everywhere: the other ranks need nothing
+# more from rank 1 in that call and may return their results; they learn of rank 1's failure at their next call
+# instead, at once.
+COMPLETE_ELSEWHERE = {"reading_the_result_block"}
 
 
 def _names_the_failure(o: tuple[str, Any, float]) -> bool:
@@ -134,14 +138,14 @@ def test_a_local_failure_in_a_step_reaches_every_rank_within_seconds_on_thread_r
 
     from syncreward.testing import run_threads
 
-    original = _exchange._blocks
+    original = _exchange._gather_block  # (main over the thread backend gathers to rank 0)
 
     def blocks(*args: Any, **kwargs: Any) -> Any:
         if threading.current_thread().name == f"syncreward-rank{FAILING}":
             _out_of_memory()
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(_exchange, "_blocks", blocks)
+    monkeypatch.setattr(_exchange, "_gather_block", blocks)
     reward = synced_reward(timeout=TIMEOUT)(_plain)
 
     def body(rank: int, world_size: int) -> tuple[str, Any, float]:

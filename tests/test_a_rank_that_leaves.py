@@ -134,10 +134,10 @@ def _body(rank: int, world_size: int) -> tuple[str, Any]:
     if rank == 1:
         wait = torch_distributed.TorchDistributedBackend._wait
 
-        def late_wait(self: Any, work: Any, channel: int, timeout: float) -> None:
+        def late_wait(self: Any, work: Any, channel: int, timeout: float, kind: str) -> None:
             if channel == 1:
                 work = _LateWork(work, self._store)
-            wait(self, work, channel, timeout)
+            wait(self, work, channel, timeout, kind)
 
         torch_distributed.TorchDistributedBackend._wait = late_wait  # type: ignore[method-assign]
     try:

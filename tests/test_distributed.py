@@ -13,6 +13,7 @@ from _helpers import outcome as _outcome
 import syncreward
 from syncreward import synced_reward
 from syncreward._session import session_for
+from syncreward._wire import BLOCK_LAG
 from syncreward.testing import run_ranks
 
 pytestmark = pytest.mark.multiprocess
@@ -265,10 +266,10 @@ def test_non_plain_kwargs_columns_are_left_behind_with_a_placeholder() -> None:
 
 
 def counting_body(rank: int, world_size: int) -> dict[str, Any]:
-    """Count the collectives each synced call issues, in the steady state (after a warm-up call)."""
+    """Count the collectives (and point-to-point transfers) each synced call issues, call by call."""
     backend = syncreward.resolve_backend("torch")
     counts = {"n": 0}
-    for name in ("all_gather", "all_to_all", "scatter"):  # main's results go back in one scatter
+    for name in ("all_gather", "all_to_all", "scatter", "gather", "send", "recv"):  # main: a gather, a scatter
         original = getattr(backend, name)
 
         def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
@@ -278,9 +279,10 @@ def counting_body(rank: int, world_size: int) -> dict[str, Any]:
         setattr(backend, name, counted)
     out: dict[str, Any] = {}
     b = local_batch(rank, world_size)
+    calls = {"main": BLOCK_LAG + 2, "replicate": 3, "main_after_replicate": 2}
     for name, f in [("main", main_batch), ("replicate", replicate_batch), ("main_after_replicate", main_batch)]:
         out[name] = []
-        for _ in range(3):
+        for _ in range(calls[name]):
             counts["n"] = 0
             f(**b)
             out[name].append(counts["n"])
@@ -289,16 +291,16 @@ def counting_body(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def test_collectives_per_call() -> None:
-    for res in run_ranks(counting_body, 3, timeout=120):
-        # the first call sizes the eager chunks; after that the payload rides in the header collective
-        assert res["main"] == [3, 2, 2], res
-        assert res["replicate"] == [3, 2, 2], res  # main sized chunks to rank 0 only
+    for rank, res in enumerate(run_ranks(counting_body, 3, timeout=120)):
+        # main: a gather and a scatter; until the inbound block size rank 0 announced is in use (BLOCK_LAG
+        # gathered calls later), a payload larger than the first blocks sends its rest point to point
+        assert res["main"][0] == (2 + 2 if rank == 0 else 2 + 1), res  # rank 0 receives from ranks 1 and 2
+        assert res["main"][-2:] == [2, 2], res
+        assert res["replicate"] == [3, 2, 2], res  # main predicts no eager chunks: replicate sizes its own
         eager = np.array(res["replicate_eager"])
         assert (eager[~np.eye(3, dtype=bool)] > 0).all() and (np.diag(eager) == 0).all(), eager
-        # main only predicts chunks to rank 0, so it stops carrying replicate's chunks to the others
-        assert res["main_after_replicate"] == [2, 2, 2], res
-        eager = np.array(res["main_after_replicate_eager"])
-        assert (eager[:, 1:] == 0).all() and (eager[1:, 0] > 0).all(), eager
+        assert res["main_after_replicate"] == [2, 2], res  # its gather carries no replicate chunks
+        assert res["main_after_replicate_eager"] == res["replicate_eager"], res  # main leaves the predictor alone
 
 
 # --------------------------------------------------------------------------------------------- subgroups

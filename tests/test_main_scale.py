@@ -7,13 +7,13 @@ even for zero bytes; a ``scatter`` or ``gather`` involves a non-root rank and th
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
-
-import pytest
 
 import syncreward
 from syncreward import synced_reward
-from syncreward.testing import run_threads
+from syncreward.testing import run_ranks, run_threads
 
 
 class _Recording:
@@ -45,6 +45,14 @@ class _Recording:
         self._root(root)
         return self.inner.gather(send, size, root=root, **kw)
 
+    def send(self, data: Any, dst: int, **kw: Any) -> None:
+        self.peers.append({dst})
+        self.inner.send(data, dst, **kw)
+
+    def recv(self, size: int, src: int, **kw: Any) -> Any:
+        self.peers.append({src})
+        return self.inner.recv(size, src, **kw)
+
 
 def _peers_per_call(rank: int, world_size: int) -> list[set[int]]:
     peers: list[set[int]] = []
@@ -58,11 +66,72 @@ def _peers_per_call(rank: int, world_size: int) -> list[set[int]]:
     return peers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 31 part A, not done: main's inbound exchange is still an all_to_all (docs/scale.md, Design changes)",
-)
 def test_main_call_of_a_non_scoring_rank_involves_rank_0_only() -> None:
     results = run_threads(_peers_per_call, 4)
     for rank in range(1, 4):
         assert set().union(*results[rank]) == {0}, (rank, results[rank])
+
+
+def _modes_meet(rank: int, world_size: int) -> list[tuple[str, str, float]]:
+    reward = lambda completions, **kw: [float(len(c)) for c in completions]  # noqa: E731
+    main = synced_reward(mode="main", timeout=60)(reward)
+    other = synced_reward(mode="replicate", timeout=60)(reward)
+    out = []
+    for f in (main, main if rank == 0 else other, main):
+        t0 = time.perf_counter()
+        try:
+            f([f"r{rank}"] * (rank + 1))
+            out.append(("ok", "", time.perf_counter() - t0))
+        except syncreward.SyncRewardError as e:
+            kind = type(e).__name__ + (" (a MismatchError)" if isinstance(e, syncreward.MismatchError) else "")
+            out.append((kind, str(e), time.perf_counter() - t0))
+    return out
+
+
+def test_main_meeting_another_mode_raises_mismatch_on_every_rank_at_once_then_the_group_is_broken() -> None:
+    """Rank 0 in main's gather, the others in replicate's all_to_all: they never match in gloo; every rank
+    raises a MismatchError naming both collectives within seconds (not at timeout=60), and later calls raise
+    GroupBrokenError naming why."""
+    results = run_threads(_modes_meet, 3, timeout=120)
+    for rank, (first, meet, after) in enumerate(results):
+        assert first[0] == "ok", (rank, first)
+        kind, text, seconds = meet
+        assert kind == "CollectiveMismatchError (a MismatchError)", (rank, meet)
+        assert "rank 0: in a gather (mode='main')" in text, text
+        assert "rank 1: in an all_to_all" in text, text
+        assert "calls of different modes cannot be combined" in text, text
+        assert seconds < 10, meet
+        assert after[0].startswith("GroupBrokenError"), (rank, after)
+        assert "different synced calls" in after[1], after
+
+
+def test_syncreward_gloo_groups_leave_the_users_environment_and_groups_as_they_were() -> None:
+    """TORCH_GLOO_LAZY_INIT is set only while syncreward builds its own gloo groups, then restored."""
+    results = run_ranks(_lazy_body, 2, timeout=120)
+    for rank, (before, during_first, after) in enumerate(results):
+        assert before is None and after is None, (rank, before, after)
+        assert during_first == "1", (rank, during_first)
+
+
+def _lazy_body(rank: int, world_size: int) -> tuple[str | None, str | None, str | None]:
+    import torch.distributed as dist
+
+    from syncreward.backends import torch_distributed
+
+    seen: list[str | None] = []
+    real = dist.ProcessGroupGloo
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(os.environ.get("TORCH_GLOO_LAZY_INIT"))
+        return real(*args, **kwargs)
+
+    before = os.environ.get("TORCH_GLOO_LAZY_INIT")
+    torch_distributed.dist.ProcessGroupGloo = spy  # type: ignore[misc]
+    try:
+        f = synced_reward(backend="torch")(lambda completions, **kw: [1.0] * len(completions))
+        f([f"r{rank}"])
+    finally:
+        torch_distributed.dist.ProcessGroupGloo = real  # type: ignore[misc]
+    user_group = dist.new_group(backend="gloo")  # the user's own group, built after our first call: eager as ever
+    dist.barrier(group=user_group)
+    return before, seen[0] if seen else None, os.environ.get("TORCH_GLOO_LAZY_INIT")

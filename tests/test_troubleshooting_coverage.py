@@ -41,6 +41,9 @@ NOT_USER_MESSAGES = {  # (file, enclosing function, type): why the site needs no
     ("testing.py", "exchange", "CommunicationError"): (
         "the test double repeats a failure of another thread-rank; run_threads reports it under RanksFailed"
     ),
+    ("testing.py", "receive", "CommunicationError"): (
+        "the test double's point-to-point receive repeats a failure of another thread-rank, as exchange does"
+    ),
 }
 _FIELD = re.compile(r"\{[^{}]*\}")
 

@@ -5,26 +5,41 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from syncreward import _wire
 from syncreward._codec import decode_value
 from syncreward._shared import MAX_SHARED_ITEMS, read_report, shared_key, shared_values_by_rank
 from syncreward._shared import SharedValues as Shared
 from syncreward._shared import differing_shared as differing
 from syncreward._wire import (
+    BASE_BLOCK,
     BASE_CAPACITY,
+    BLOCK_LAG,
+    BLOCK_WINDOW,
     DROP_BITS,
+    F_ALL_PROVE,
     FAILED,
     H_SHARED,
+    HEADER_BYTES,
     HEADER_LEN,
     MAX_EAGER,
     NO_SHARED,
     NO_STEP,
     OK,
+    V_FAILED,
+    V_MISMATCH,
+    V_OK,
+    V_SHARED,
+    V_UNREADABLE,
+    V_VERSION,
     CallCheck,
     Headers,
+    InboundBlocks,
     Predictor,
     ResultChunk,
     ResultPredictor,
+    block_for,
     drop_mask,
+    drop_words,
     dropped_names,
     eager_sizes,
     error_blob,
@@ -32,6 +47,7 @@ from syncreward._wire import (
     pack_header,
     remainder_counts,
     split,
+    verdict_of,
 )
 
 
@@ -43,7 +59,6 @@ def headers(*rows: dict[str, int]) -> Headers:
         "step": NO_STEP,
         "n": 1,
         "size": 0,
-        "desc": 0,
         "mode_word": 0,
         "shared": 0,
     }
@@ -70,9 +85,9 @@ def to_all(w: int) -> np.ndarray:
 
 
 def test_header_round_trips_every_field() -> None:
-    h = headers({"seq": 5, "fp": -3, "step": 12, "n": 4, "size": 100, "desc": 9, "mode_word": 2, "mask": [1, 0, 0, 2]})
+    h = headers({"seq": 5, "fp": -3, "step": 12, "n": 4, "size": 100, "mode_word": 2, "mask": [1, 0, 0, 2]})
     assert h.rows.shape == (1, HEADER_LEN)
-    assert h.counts == [4] and h.sizes == [100] and h.desc_sizes == [9] and h.mode_words == [2]
+    assert h.counts == [4] and h.sizes == [100] and h.mode_words == [2]
     assert h.masks.tolist() == [[1, 0, 0, 2]]
     assert h.agree and h.fp == -3 and not h.failed
     assert headers({"shared": -9}).rows[0, H_SHARED] == -9
@@ -99,7 +114,7 @@ def test_failed_status_is_reported_and_agreement_is_not_trusted() -> None:
     assert h.fp == 0
 
 
-@pytest.mark.parametrize(("field", "value"), [("n", -1), ("size", -5), ("desc", 1 << 50), ("mode_word", -2)])
+@pytest.mark.parametrize(("field", "value"), [("n", -1), ("size", -5), ("size", 1 << 50), ("mode_word", -2)])
 def test_hostile_header_sizes_are_named_not_acted_on(field: str, value: int) -> None:
     problem = headers({}, {field: value}).problem()
     assert problem is not None and "rank(s) [1]" in problem
@@ -112,7 +127,7 @@ def test_sane_headers_have_no_problem() -> None:
 def test_headers_are_read_from_the_start_of_each_received_block() -> None:
     # the inbound exchange's receive buffer: each rank's block is its header, then (part of) its payload
     rows = [
-        pack_header(seq=3, status=OK, fp=9, step=NO_STEP, n=n, size=size, desc=0, mode_word=0, mask=mask)
+        pack_header(seq=3, status=OK, fp=9, step=NO_STEP, n=n, size=size, mode_word=0, mask=mask)
         for n, size, mask in ((2, 5, [0, 0, 0, 0]), (0, 0, [0, 4, 0, 0]), (7, 11, [0, 0, 0, 0]))
     ]
     blocks = [rows[0] + b"abcde" + bytes(3), rows[1], rows[2] + bytes(range(16))]
@@ -237,6 +252,84 @@ def test_result_chunk_round_trip_and_padding() -> None:
     assert len(packed) == BASE_CAPACITY
     assert ResultChunk.unpack(packed) == chunk
     assert packed[ResultChunk.HEADER : ResultChunk.HEADER + 10] == b"0123456789"
+
+
+def test_result_chunk_carries_the_verdict_next_inbound_block_flags_and_drops() -> None:
+    chunk = ResultChunk(OK, True, 512, 10, fp=-5, seq=3, verdict=V_SHARED, next_block=4096, flags=F_ALL_PROVE,
+                        drops=(1, 0, 1 << 62, 5))  # fmt: skip
+    packed = chunk.pack(b"x" * 10, BASE_CAPACITY)
+    assert ResultChunk.unpack(packed) == chunk
+
+
+def test_verdict_of_the_headers_root_alone_read() -> None:
+    """What root decides from the gathered headers, in the order the all_to_all inbound checked them."""
+    assert verdict_of(headers({}, {})) == (V_OK, "")
+    assert verdict_of(headers({}, {"status": FAILED, "size": 50}))[0] == V_FAILED
+    assert verdict_of(headers({}, {"fp": 8}))[0] == V_MISMATCH
+    assert verdict_of(headers({}, {"seq": 1}))[0] == V_MISMATCH
+    assert verdict_of(headers({}, {"shared": 3}))[0] == V_SHARED
+    assert verdict_of(headers({"status": FAILED}, {"fp": 8}))[0] == V_FAILED  # a failure first: its error is the cause
+    kind, text = verdict_of(headers({}, {"n": -1}))
+    assert kind == V_UNREADABLE and "rank(s) [1] sent an invalid sample count" in text
+    rows = headers({}, {}).rows.copy()
+    rows[1, 0] = 0x5352_0002
+    kind, text = verdict_of(Headers(rows))
+    assert kind == V_VERSION and "different syncreward wire versions" in text and "0x53520002" in text
+
+
+def test_drop_words_are_the_or_of_every_rank_mask() -> None:
+    h = headers({"mask": [1, 0, 0, 0]}, {"mask": [2, 0, 4, 0]})
+    assert drop_words(h.masks) == (3, 0, 4, 0)
+
+
+def test_inbound_block_fits_the_largest_payload_with_headroom() -> None:
+    assert block_for([0, 0]) == HEADER_BYTES + 64
+    assert block_for([1000, 10]) == HEADER_BYTES + 1200
+    assert block_for([MAX_EAGER * 2]) == HEADER_BYTES + MAX_EAGER
+    assert block_for([]) == HEADER_BYTES + 64
+
+
+def test_inbound_block_announcement_is_used_block_lag_gathered_calls_later_on_every_rank() -> None:
+    """Root announces in each gathered call's result block; every rank uses the call BLOCK_LAG gathered calls back."""
+    root, other = InboundBlocks(), InboundBlocks()
+    sizes_used: list[tuple[int | None, int | None]] = []
+    for seq in range(0, 3 * BLOCK_LAG, 2):  # every other call gathers (the others: another mode)
+        source_root, source_other = root.gathered(seq), other.gathered(seq)
+        assert source_root == source_other
+        sizes_used.append((root.size(source_root), other.size(source_other)))
+        other.learn(seq, root.announce(seq, [1000 * (seq + 1)]))
+    assert sizes_used[:BLOCK_LAG] == [(BASE_BLOCK, BASE_BLOCK)] * BLOCK_LAG
+    for i, (a, b) in enumerate(sizes_used[BLOCK_LAG:]):
+        assert a == b == block_for([1000 * (2 * i + 1)])  # the call BLOCK_LAG gathered calls back announced it
+
+
+def test_inbound_block_not_learned_yet_is_none_until_its_result_block_comes() -> None:
+    other = InboundBlocks()
+    for seq in range(BLOCK_LAG):
+        other.gathered(seq)
+    source = other.gathered(BLOCK_LAG)
+    assert source == 0 and other.size(source) is None  # the inbound turn then waits for call 0's results
+    other.learn(0, 4242)
+    assert other.size(source) == 4242
+
+
+def test_inbound_block_grows_at_once_and_shrinks_back_after_the_window() -> None:
+    root = InboundBlocks()
+    assert root.announce(0, [100]) == block_for([100])
+    assert root.announce(1, [100_000]) == block_for([100_000])
+    assert root.announce(2, None) == block_for([100_000])  # a call that failed teaches nothing
+    for seq in range(3, 3 + BLOCK_WINDOW - 1):
+        assert root.announce(seq, [100]) == block_for([100_000])
+    assert root.announce(99, [100]) == block_for([100])  # the large call left the window
+
+
+def test_inbound_blocks_forget_announcements_older_than_the_ones_in_use() -> None:
+    blocks = InboundBlocks()
+    for seq in range(10 * BLOCK_LAG):
+        blocks.gathered(seq)
+        blocks.announce(seq, [seq])
+    assert len(blocks._announced) <= BLOCK_LAG + 2 and len(blocks._calls) == BLOCK_LAG + 1
+    assert _wire.BLOCK_LAG == BLOCK_LAG
 
 
 def test_result_blocks_are_sized_per_function_in_call_order() -> None:

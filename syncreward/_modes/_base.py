@@ -165,6 +165,8 @@ class GatherMode(Mode[GatherScoring]):
     inputs from the global columns -- freshly gathered, or kept from an earlier call of a reward group.
     """
 
+    root: int | None = None  # the one rank every payload goes to (``route`` says so), if there is one
+
     def route(self, world_size: int) -> np.ndarray:
         """``route[src, dst]``: whether ``src``'s payload goes to ``dst``."""
         raise NotImplementedError
@@ -176,14 +178,14 @@ class GatherMode(Mode[GatherScoring]):
         raise NotImplementedError
 
     def route_inputs(self, call: Call, payload: Outcome[Payload]) -> Value[GatherScoring] | Error:
-        got = exchange(call, payload, self.route(call.world_size))
+        got = exchange(call, payload, self.route(call.world_size), root=self.root)
         if isinstance(got, Error):
             return got
         return Value(self.scoring_for(call, got.value, self.gather(call, got.value)))
 
     def gather(self, call: Call, got: Inbound) -> Value[dict[str, Any]] | Error | None:
         """The global columns, where this rank scores (``None`` elsewhere; an ``Error`` if decoding failed)."""
-        if not self.scores_here(call):
+        if not self.scores_here(call) or not got.ok:  # (a gathered inbound's verdict: raised with the results)
             return None
         return local(merge, call, got, got.frames, dict(enumerate(got.counts)), lambda v, c: v)
 
@@ -226,9 +228,7 @@ class GatherMode(Mode[GatherScoring]):
         rec = record(call) if scoring.reused else None
         if call.rank != root and scoring.reused and isinstance(scoring.inputs, Error):
             bodies = scoring.inputs.error  # this rank's own failure (``failed_scoring``): its record says so
-        return exchange_results(
-            link(call, OUTBOUND), call.fp, call.seq, scoring.inbound.counts, bodies, record=rec, root=root
-        )
+        return exchange_results(link(call, OUTBOUND), call.fp, call.seq, scoring.inbound, bodies, record=rec, root=root)
 
     def read_results(self, call: Call, inbound: Inbound, body: bytes, root: int) -> Outcome[Any]:
         """This rank's results, from the body ``root`` sent it: rows checked, log records replayed, on its device.

@@ -86,12 +86,11 @@ class _Kept:
     step: int
     local: dict[str, Any]  # column name -> the local object that was sent (kept alive: ids stay unique)
     lengths: dict[str, int]  # column name -> its length then: a list appended to since is new input
-    shareable: bool  # every rank's columns proved identity (from the gathered headers: agreed)
-    inbound: Inbound
+    inbound: Inbound  # its ``all_prove``: every rank's columns proved identity (from the headers: agreed)
     values: Value[dict[str, Any]] | Error | None  # the global columns where this rank scores (or why it has none)
 
     def matches(self, bound: Bound) -> bool:
-        if not self.shareable or bound.step != self.step:
+        if not self.inbound.all_prove or bound.step != self.step:
             return False
         for c in bound.columns:
             if self.lengths.get(c.name) != len(c.values) or self.local.get(c.name) is not c.values:
@@ -167,6 +166,8 @@ class GroupMode(Mode[GatherScoring]):
     def route_inputs(self, call: Call, payload: Outcome[Payload]) -> Value[GatherScoring] | Error:
         base, session = self.base, call.session
         kept = self.group.kept(session)
+        if kept is not None and kept.inbound.all_prove is None:  # gathered to rank 0: known with its results
+            session.results_done(kept.inbound.seq, call.deadline, call.spec.name)
         if call.bound is not None and kept is not None and kept.matches(call.bound):
             self.group.hits += 1
             # no inbound exchange checked this call: its result exchange must (``reused``)
@@ -177,7 +178,7 @@ class GroupMode(Mode[GatherScoring]):
         if isinstance(payload, Value):  # encoded in this turn: any failure (a KeyboardInterrupt too) travels
             payload = local(base.prepare, call)
         proves = call.bound is not None and all(proves_identity(c.values) for c in call.bound.columns)
-        got = exchange(call, payload, base.route(call.world_size), mode_word=int(proves))
+        got = exchange(call, payload, base.route(call.world_size), mode_word=int(proves), root=base.root)
         if isinstance(got, Error):
             self.group.forget(session)
             return got
@@ -188,7 +189,7 @@ class GroupMode(Mode[GatherScoring]):
             # merge that failed here is kept too: a hit then fails, and fails on every rank)
             objects = {c.name: c.values for c in call.bound.columns}
             lengths = {c.name: len(c.values) for c in call.bound.columns}
-            kept = _Kept(call.bound.step, objects, lengths, all(inbound.headers.mode_words), inbound, values)
+            kept = _Kept(call.bound.step, objects, lengths, inbound, values)
             self.group.keep(session, kept)
             values = kept.values_copy()
         return Value(base.scoring_for(call, inbound, values))

@@ -36,6 +36,7 @@ def _to_root(world_size: int) -> np.ndarray:
 
 class MainMode(GatherMode):
     name = "main"
+    root = ROOT
 
     def prepare(self, call: Call) -> Payload:
         # Rank 0 scores its own columns as passed and sends nothing: it skips encoding, but refuses what the
@@ -56,7 +57,8 @@ class MainMode(GatherMode):
             got = self.send_results(call, scoring, None, ROOT)
             return got if isinstance(got, Error) else self.read_results(call, scoring.inbound, got.value, ROOT)
         logs = scoring.logs
-        assert logs is not None
+        if logs is None:  # a gathered inbound's verdict (a rank failed, the calls differ): it goes to every rank
+            return self.send_results(call, scoring, None, ROOT)
         split = (
             split_result(
                 result.value,

@@ -173,6 +173,7 @@ class ShardMode(Mode[ShardScoring]):
             if call.bound is not None and inbound.counts[me] != call.bound.n:  # (group_by: the key frames check)
                 raise CodecError(f"this rank's header announced {inbound.counts[me]} samples for its {call.bound.n}")
             return _Shard.of_size(group_size, inbound.offsets, me, w)
+        assert inbound.headers is not None  # (shard's inbound is an all_to_all: every rank has every header)
         dest = self._assign_by_key(call, key_frame, inbound.headers.mode_words, inbound.counts)
         return _Shard.of_dest(dest, inbound.offsets, me, w)
 

@@ -111,9 +111,13 @@ class Scatters(Protocol):
 
 @runtime_checkable
 class Gathers(Protocol):
-    """A backend with a gather to one rank: W - 1 messages, where an ``all_to_all`` sends W(W - 1).
+    """A backend with a gather to one rank, and ``send``/``recv`` of exact byte counts between two ranks.
 
-    Without it, the same bytes go through ``all_to_all`` (``_exchange.Link.gather``).
+    A gather sends W - 1 messages, where an ``all_to_all`` sends W(W - 1).
+
+    With it, ``mode="main"``'s inbound is one gather of equal blocks to the scoring rank, and a payload larger
+    than its block sends the rest to that rank alone (docs/internals.md): a non-scoring rank talks to the
+    scoring rank only. Without it, the same bytes go through ``all_to_all`` (``_exchange.Link.gather``).
     """
 
     def gather(self, send: np.ndarray, size: int, *, root: int, channel: int, timeout: float) -> np.ndarray:
@@ -122,6 +126,14 @@ class Gathers(Protocol):
         ``root`` returns the ``world_size`` blocks back to back, in rank order (its own included); every
         other rank returns an empty array.
         """
+        ...
+
+    def send(self, data: np.ndarray, dst: int, *, channel: int, timeout: float) -> None:
+        """Send rank ``dst`` the bytes ``data`` (uint8); it receives them with a ``recv`` of exactly that size."""
+        ...
+
+    def recv(self, size: int, src: int, *, channel: int, timeout: float) -> np.ndarray:
+        """Receive exactly ``size`` bytes that rank ``src`` sends this rank (uint8)."""
         ...
 
 
@@ -169,12 +181,12 @@ class Releases(Protocol):
 
 
 _capabilities: dict[tuple[type, type], bool] = {}  # (backend class, capability) -> whether the class has it
-_METHOD: dict[type, str] = {  # each one's method
-    Scatters: "scatter",
-    Gathers: "gather",
-    Abandons: "abandon",
-    Aborts: "abort",
-    Releases: "release",
+_METHOD: dict[type, tuple[str, ...]] = {  # each one's methods
+    Scatters: ("scatter",),
+    Gathers: ("gather", "send", "recv"),
+    Abandons: ("abandon",),
+    Aborts: ("abort",),
+    Releases: ("release",),
 }
 
 
@@ -189,9 +201,10 @@ def _has(backend: object, kind: type) -> bool:
     cls = type(backend)
     key = (cls, kind)
     on_class = _capabilities.get(key)
+    names = _METHOD[kind]
     if on_class is None:
-        on_class = _capabilities[key] = callable(getattr(cls, _METHOD[kind], None))
-    return on_class or callable(getattr(backend, _METHOD[kind], None))
+        on_class = _capabilities[key] = all(callable(getattr(cls, n, None)) for n in names)
+    return on_class or all(callable(getattr(backend, n, None)) for n in names)
 
 
 def scatters(backend: object) -> Scatters | None:

@@ -94,6 +94,7 @@ import functools
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -107,8 +108,10 @@ import torch.distributed as dist
 
 from .._errors import (
     BackendError,
+    CollectiveMismatchError,
     CommunicationError,
     SyncTimeoutError,
+    collective_mismatch_message,
     first_line,
     late_message,
     left_message,
@@ -124,6 +127,7 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.2  # how often a waiting rank looks for an abort from a peer
 _GRACE_S = 0.25  # after timeout=: how long a rank that gives up waits for ranks that arrived just now to report
 _GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
+_WAITED_FOR = re.compile(r"^Trank (\d+) waited [^ ]+s for rank\(s\) \[([0-9, ]*)\]")  # who waited for whom
 _WORK_TIMEOUT_MESSAGE = "Operation timed out!"  # c10d::Work::wait(timeout) when the slice expires
 
 _CPU = torch.device("cpu")  # every buffer names its device: torch.set_default_device must not move it
@@ -156,9 +160,43 @@ def _setup_arrival(name: str, global_rank: int) -> str:
     return f"{name}/arrived-setup/{global_rank}"
 
 
+_LAZY = "TORCH_GLOO_LAZY_INIT"
+_lazy_lock = threading.Lock()  # the variable is process-wide: set only while one of our groups is built
+
+
+def _lazy_supported() -> bool:
+    """Whether this torch builds gloo groups that connect to a peer on first use (torch >= 2.8)."""
+    try:
+        major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 8)
+
+
 def _gloo_group(store: Any, rank: int, size: int, timeout: float, ranks: Sequence[int], name: str) -> Any:
-    """A gloo group over ``store`` alone (torch >= 2.3 and 2.13 take ``(store, rank, size, timeout)``)."""
-    group = dist.ProcessGroupGloo(store, rank, size, _timedelta(timeout))
+    """A gloo group over ``store`` alone (torch >= 2.3 and 2.13 take ``(store, rank, size, timeout)``).
+
+    Lazy (torch >= 2.8): it connects to a peer on the first operation that needs it, so a ``main`` rank
+    that only talks to the scoring rank opens one connection. gloo reads ``TORCH_GLOO_LAZY_INIT`` when
+    the group is built: it is set only then, under a lock, and restored at once -- the user's own groups
+    are never made lazy by it. Older torch: every pair connects at set-up (the full mesh), which works too.
+    """
+    if not _lazy_supported():
+        return _named(dist.ProcessGroupGloo(store, rank, size, _timedelta(timeout)), ranks, name)
+    with _lazy_lock:
+        before = os.environ.get(_LAZY)
+        os.environ[_LAZY] = "1"
+        try:
+            group = dist.ProcessGroupGloo(store, rank, size, _timedelta(timeout))
+        finally:
+            if before is None:
+                del os.environ[_LAZY]
+            else:
+                os.environ[_LAZY] = before
+    return _named(group, ranks, name)
+
+
+def _named(group: Any, ranks: Sequence[int], name: str) -> Any:
     with contextlib.suppress(Exception):  # for torch's own logs only; older torch has no such options
         options: Any = group.options
         options.global_ranks_in_group = list(ranks)
@@ -766,7 +804,7 @@ class TorchDistributedBackend:
             )
         except RuntimeError as e:
             self._fail(e, channel, self._ops[channel] + 1)
-        self._wait(work, channel, timeout)
+        self._wait(work, channel, timeout, "all_to_all")
         self._last_done = time.monotonic()
         return out.numpy()
 
@@ -787,7 +825,7 @@ class TorchDistributedBackend:
             work = group.scatter([out], inputs, opts)
         except RuntimeError as e:
             self._fail(e, channel, self._ops[channel] + 1)
-        self._wait(work, channel, timeout)
+        self._wait(work, channel, timeout, "scatter")
         self._last_done = time.monotonic()
         return out.numpy()
 
@@ -807,9 +845,50 @@ class TorchDistributedBackend:
             work = group.gather(outputs, [torch.from_numpy(send)], opts)
         except RuntimeError as e:
             self._fail(e, channel, self._ops[channel] + 1)
-        self._wait(work, channel, timeout)
+        self._wait(work, channel, timeout, "gather")
         self._last_done = time.monotonic()
         return out.numpy()
+
+    def send(self, data: np.ndarray, dst: int, *, channel: int, timeout: float) -> None:
+        """Send rank ``dst`` exactly ``data`` (gloo point to point on the channel's group).
+
+        A gloo point-to-point wait cannot be sliced (docs/scale.md): one wait, bounded by ``timeout``.
+        """
+        group = self._begin(channel, timeout)
+        if not data.flags.writeable:
+            data = data.copy()
+        try:
+            work = group.send([torch.from_numpy(data)], dst, channel)
+        except RuntimeError as e:
+            self._fail(e, channel, self._ops[channel] + 1)
+        self._wait_whole(work, channel, timeout)
+
+    def recv(self, size: int, src: int, *, channel: int, timeout: float) -> np.ndarray:
+        """Receive exactly ``size`` bytes from rank ``src`` (gloo point to point; one wait, as :meth:`send`)."""
+        group = self._begin(channel, timeout)
+        out = torch.empty(size, dtype=torch.uint8, device=_CPU)
+        try:
+            work = group.recv([out], src, channel)
+        except RuntimeError as e:
+            self._fail(e, channel, self._ops[channel] + 1)
+        self._wait_whole(work, channel, timeout)
+        return out.numpy()
+
+    def _wait_whole(self, work: Any, channel: int, timeout: float) -> None:
+        """Wait for a point-to-point ``work`` in one wait of ``timeout``; a failure in syncreward's words."""
+        self._works[channel] = work
+        op = self._ops[channel]  # part of the collective before it: every rank counts the same exchanges
+        try:
+            work.wait(_timedelta(max(timeout, 0.001)))
+        except RuntimeError as e:
+            if _WORK_TIMEOUT_MESSAGE not in str(e):
+                self._fail(e, channel, op)
+            self._check_peers()
+            self._raise_if_left(channel, op, self._store)
+            self._timed_out(channel, timeout)
+        finally:
+            self._works[channel] = None
+        self._last_done = time.monotonic()
 
     def _begin(self, channel: int, timeout: float) -> Any:
         """The channel's gloo group, once this rank has checked that the others did not give up on it."""
@@ -823,7 +902,7 @@ class TorchDistributedBackend:
 
     # ------------------------------------------------------------------------------------------ waiting
 
-    def _wait(self, work: Any, channel: int, timeout: float) -> None:
+    def _wait(self, work: Any, channel: int, timeout: float, kind: str) -> None:
         """Wait for ``work`` until ``timeout``, in slices; a rank waiting past the first slice says it arrived.
 
         The arrival record (one store write per wait that lasts) lets a rank that gives up at ``timeout``
@@ -834,7 +913,7 @@ class TorchDistributedBackend:
         with self._waiting_lock:
             self._waiting += 1
         try:
-            self._wait_slices(work, channel, timeout)
+            self._wait_slices(work, channel, timeout, kind)
         finally:
             with self._waiting_lock:
                 self._waiting -= 1
@@ -842,7 +921,7 @@ class TorchDistributedBackend:
                     self._waiting_cv.notify_all()
         self._works[channel] = None
 
-    def _wait_slices(self, work: Any, channel: int, timeout: float) -> None:
+    def _wait_slices(self, work: Any, channel: int, timeout: float, kind: str) -> None:
         op = self._ops[channel] = self._ops[channel] + 1
         deadline = time.monotonic() + timeout
         slice_s = 0.02
@@ -858,13 +937,14 @@ class TorchDistributedBackend:
                 self._leave()
             if waits is None:
                 slice_s = _POLL_S
-                self._mark_arrived(channel, op)
+                self._mark_arrived(channel, op, kind)
                 waits = WaitLog(timeout, started=deadline - timeout)
             elif waits.due():
                 waits.warn(self._not_arrived(channel, op), "arrive in this exchange")
             try:
                 gave_up = self._check_peers()
                 self._raise_if_left(channel, op, self._store)
+                self._raise_if_other_kind(channel, op, kind)
             except CommunicationError:
                 if _got_through(work):  # its data arrived: a peer that left after its part fails nothing
                     return
@@ -872,12 +952,50 @@ class TorchDistributedBackend:
             if gave_up or time.monotonic() >= deadline:  # a peer gave up: so do we, naming who
                 self._timed_out(channel, timeout)
 
-    def _mark_arrived(self, channel: int, op: int) -> None:
+    def _mark_arrived(self, channel: int, op: int, kind: str) -> None:
         # Best effort, and never a reason to fail: the store lives in rank 0's process, which may have left
         # right after its part of this exchange (the data then still arrives; see _got_through).
         if self._store is not None:
             with contextlib.suppress(Exception):  # best effort: it only helps name the missing ranks
-                self._store.set(f"arrived/{channel}/{self._rank}", str(op))
+                self._store.set(f"arrived/{channel}/{self._rank}", f"{op} {kind}")
+                # and the other channel's exchanges it entered: a non-scoring rank of main completes its gather
+                # without waiting (so without a record), then waits for its results on the other channel
+                other = 1 - channel
+                if self._ops[other] and self._works[other] is None:  # (not waiting there: its own record says more)
+                    self._store.set(f"arrived/{other}/{self._rank}", f"{self._ops[other]} done")
+
+    def _raise_if_other_kind(self, channel: int, op: int, kind: str) -> None:
+        """Raise if a peer waits in exchange ``op`` of ``channel`` in another collective.
+
+        ``main``'s gather beside another mode's all_to_all: gloo never matches them, both would wait until
+        ``timeout``. Read from the peers' arrival records, which name the collective; once one differs, the
+        others' records are given a moment (``_GRACE_S`` x 4), so that every rank's message names every rank.
+        The group cannot recover (both collectives stay pending inside gloo): the error breaks the session.
+        """
+        kinds = self._kinds(channel, op, kind)
+        if len(set(kinds.values())) < 2:
+            return
+        end = time.monotonic() + 4 * _GRACE_S
+        while len(kinds) < self._world_size and time.monotonic() < end:
+            time.sleep(0.05)
+            kinds = self._kinds(channel, op, kind)
+        raise CollectiveMismatchError(collective_mismatch_message(kinds))
+
+    def _kinds(self, channel: int, op: int, kind: str) -> dict[int, str]:
+        """The collective each rank waits in, in exchange ``op`` of ``channel``, as far as the arrival records say."""
+        kinds = {self._rank: kind}
+        if self._store is None:
+            return kinds
+        try:
+            for r in range(self._world_size):
+                key = f"arrived/{channel}/{r}"
+                if r != self._rank and self._store.check([key]):
+                    got = bytes(self._store.get(key)).decode().split()
+                    if len(got) == 2 and int(got[0]) == op and got[1] not in ("timeout", "done"):  # (not waiting in it)
+                        kinds[r] = got[1]
+        except Exception:  # the store is unreachable: the wait says so by itself
+            pass
+        return kinds
 
     def _fail(self, e: BaseException, channel: int | None = None, op: int = 0) -> NoReturn:
         """Raise the lower layer's failure ``e`` in syncreward's words; first, tell the peers.
@@ -971,7 +1089,7 @@ class TorchDistributedBackend:
                 # first of all, so that a rank arriving now raises with us instead of completing the exchange
                 if self._peer_abort() is None:
                     self._store.set("abort", f"Trank {self._rank} gave up after waiting {seconds(timeout)}s")
-                self._store.set(f"arrived/{channel}/{self._rank}", str(op))
+                self._store.set(f"arrived/{channel}/{self._rank}", f"{op} timeout")
                 # the ranks that waited have said so already; give the ones that arrived just now a moment
                 end = time.monotonic() + _GRACE_S
                 while True:
@@ -979,12 +1097,42 @@ class TorchDistributedBackend:
                     if not missing or time.monotonic() >= end:
                         break
                     time.sleep(0.05)
-                # a rank that arrives later must not wait out its own timeout for ranks that gave up
-                if (self._peer_abort() or "T").startswith("T"):
+                # a rank missing here but waiting in the exchange this rank passed on the other channel is not
+                # missing: it waits for others (main: rank 0 in the gather, while this rank waits for its
+                # results). The ranks it names are the missing ones.
+                blocked = self._blocked_elsewhere(channel, missing)
+                named = self._named_missing(blocked) if blocked else None
+                if named is not None:
+                    missing = named
+                elif (self._peer_abort() or "T").startswith("T"):
+                    # a rank that arrives later must not wait out its own timeout for ranks that gave up
                     self._store.set("abort", f"Trank {self._rank} waited {seconds(timeout)}s for rank(s) {missing}")
             except Exception:
                 missing = []
         raise SyncTimeoutError(timeout_message(missing, timeout), missing)
+
+    def _blocked_elsewhere(self, channel: int, missing: Sequence[int]) -> list[int]:
+        """The ``missing`` ranks whose record shows them in the exchange this rank passed last on the other channel."""
+        other, passed = 1 - channel, self._ops[1 - channel]
+        out = []
+        for r in missing:
+            key = f"arrived/{other}/{r}"
+            if r != self._rank and passed and self._store.check([key]):
+                got = bytes(self._store.get(key)).decode().split()
+                if len(got) == 2 and int(got[0]) == passed and got[1] != "done":
+                    out.append(r)
+        return out
+
+    def _named_missing(self, blocked: Sequence[int]) -> list[int] | None:
+        """The ranks one of the ``blocked`` ranks waited for, once its abort record names them (within a grace)."""
+        end = time.monotonic() + 4 * _GRACE_S
+        while True:
+            found = _WAITED_FOR.search(self._peer_abort() or "")
+            if found is not None and int(found.group(1)) in blocked:
+                return [int(r) for r in found.group(2).split(",") if r.strip()]
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.05)
 
     def _not_arrived(self, channel: int, op: int) -> list[int] | None:
         """The ranks without an arrival record for this exchange (``None``: the store cannot tell)."""
@@ -1001,4 +1149,4 @@ class TorchDistributedBackend:
             return True
         if not self._store.check([key]):
             return False
-        return int(bytes(self._store.get(key)).decode()) >= op
+        return int(bytes(self._store.get(key)).decode().split()[0]) >= op
