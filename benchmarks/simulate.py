@@ -21,7 +21,9 @@ transport would do with them:
 The payload is ``benchmarks/scale.py``'s (4 TRL-like samples per rank, 1,688 bytes encoded), so counts at
 small W equal those of the real gloo ranks. Each mode -- ``main``, ``replicate``, ``shard``
 (``group_size=2``) and a 3-reward group (``step3``: ``synced_rewards(accuracy, length, fmt)``, one step =
-three calls) -- gets ``--warmup`` calls (the first ones size the chunks) and then ``--calls`` counted ones;
+three calls) -- gets ``--warmup`` calls (the first ones size the chunks; ``main``'s inbound block comes from rank 0's
+announcement ``_wire.BLOCK_LAG`` gathered calls earlier, so the default warms past it) and then ``--calls``
+counted ones;
 every counted call must look the same.
 
 Then every rank's counts are checked against a closed-form model (a function of W, see :func:`model`) for
@@ -418,7 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[2**i for i in range(1, 11)])
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     ap.add_argument("--max-w-others", type=int, default=256, help="largest W for modes other than main")
-    ap.add_argument("--warmup", type=int, default=3)
+    from syncreward._wire import BLOCK_LAG
+
+    ap.add_argument("--warmup", type=int, default=BLOCK_LAG + 2, help="untimed calls first (default: past BLOCK_LAG)")
     ap.add_argument("--calls", type=int, default=1)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--ids", type=int, default=64)

@@ -142,7 +142,7 @@ def test_simulate_counts_every_rank_against_the_model_smoke(tmp_path: Path) -> N
     """benchmarks/simulate.py runs every mode on thread-ranks, and every rank's counts match a model exactly."""
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "simulate.py"),
-        "--world-sizes", "2", "3", "4", "--warmup", "3", "--calls", "2", "--timeout", "60", "--run-timeout", "120",
+        "--world-sizes", "2", "3", "4", "--calls", "2", "--timeout", "60", "--run-timeout", "120",
         "--out-dir", str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
