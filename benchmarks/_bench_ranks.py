@@ -272,8 +272,9 @@ class Raw:
 class Bare:
     """``mode="main"``'s data path with none of the library around it: the floor of its per-call Python.
 
-    Rank ``r > 0`` encodes its columns with syncreward's codec and sends them to rank 0, beside a
-    header-sized block to every rank, in one ``all_to_all`` (what ``main`` sends); rank 0 decodes them,
+    Rank ``r > 0`` encodes its columns with syncreward's codec and sends them to rank 0 in one ``gather``
+    of equal blocks (a header, then the frame, zero padded to the largest rank's: what ``main`` sends over a
+    backend with a gather); rank 0 decodes them,
     scores the whole batch, encodes each rank's slice and scatters one fixed-size block per rank (what
     ``main`` sends back). Nothing else: no binding, fingerprint, sequence, turn, header check, learned
     size, failure path or log records -- every frame size is known in advance (the payloads are
@@ -298,25 +299,23 @@ class Bare:
     def __call__(self) -> list[float]:
         w, me, h, cols = self.w, self.me, HEADER_LEN * 8, self.batch
         n = len(cols["completions"])
+        size = h + max(self.sizes)  # one block size for every rank (a gather moves equal blocks)
         if me != 0:
             frame = self._frame(cols)
-            send_counts = [h + len(frame) if d == 0 else h for d in range(w)]
-            send = np.zeros(sum(send_counts), dtype=np.uint8)
+            send = np.zeros(size, dtype=np.uint8)
             send[h : h + len(frame)] = np.frombuffer(frame, dtype=np.uint8)
-            self.backend.all_to_all(send, send_counts, [h] * w, channel=0, timeout=60.0)
+            self.backend.gather(send, size, root=0, channel=0, timeout=60.0)
             got = self.backend.scatter(np.empty(0, dtype=np.uint8), self.block, root=0, channel=1, timeout=60.0)
             k = int.from_bytes(got[:8].tobytes(), "little")
             _, result, _ = decode_frame(got[8 : 8 + k])
             return result[0].values  # type: ignore[no-any-return]
-        recv_counts = [h + self.sizes[s] if s else h for s in range(w)]
-        buf = self.backend.all_to_all(np.zeros(h * w, dtype=np.uint8), [h] * w, recv_counts, channel=0, timeout=60.0)
+        buf = self.backend.gather(np.zeros(size, dtype=np.uint8), size, root=0, channel=0, timeout=60.0)
         merged = {k: list(v) for k, v in cols.items()}
-        pos = recv_counts[0]
         for s in range(1, w):
-            _, part, _ = decode_frame(buf[pos + h : pos + recv_counts[s]])
+            at = s * size + h
+            _, part, _ = decode_frame(buf[at : at + self.sizes[s]])
             for c in part:
                 merged[c.name] += c.values
-            pos += recv_counts[s]
         scores = reward(**merged)
         blocks = np.zeros(w * self.block, dtype=np.uint8)
         lo = n
