@@ -1,7 +1,7 @@
 """A mode says who scores what and who gets which rows; it moves nothing by hand (docs/internals.md).
 
 So no mode file imports the codec (frame layouts) or the wire arithmetic (status rows, result blocks):
-its transfers go through ``_call`` and ``_exchange``, its data through ``_batch``. No ranks needed.
+its transfers go through ``_transfers`` and ``_exchange``, its data through ``_batch``. No ranks needed.
 """
 
 from __future__ import annotations
