@@ -25,9 +25,9 @@ from _instrument import CollectiveCounter, PhaseTimer
 from _payloads import local_count, make_batch
 
 import syncreward._batch as sr_batch
-import syncreward._call as sr_call
 import syncreward._lifecycle as sr_lifecycle
 import syncreward._modes.main as sr_main
+import syncreward._transfers as sr_transfers
 from syncreward import synced_reward, synced_rewards
 from syncreward._binding import Binder
 from syncreward._codec import Column, container_of, decode_frame, encode_frame
@@ -455,7 +455,7 @@ def _profile_main(batch: dict[str, list[Any]], calls: int) -> list[dict[str, int
     timer.patch(sr_lifecycle, "_open", "setup")
     timer.patch(sr_main.MainMode, "route_inputs", "pre")
     timer.patch(sr_main.MainMode, "route_results", "post")
-    for module in (sr_call, sr_batch, sr_main):  # where each leaf is looked up
+    for module in (sr_transfers, sr_batch, sr_main):  # where each leaf is looked up
         for leaf in ("encode_frame", "decode_frame", "concat", "rebuild_result", "result_columns"):
             if hasattr(module, leaf):
                 timer.patch(module, leaf, timer.staged(leaf))

@@ -16,15 +16,16 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from syncreward import SyncRewardError, _call, synced_reward
+from syncreward import SyncRewardError, _transfers, synced_reward
+from syncreward._call import Call
 from syncreward._wire import H_N
 from syncreward.testing import run_threads
 
 LIE = 20_000_000
-_header = _call.header
+_header = _transfers.header
 
 
-def _lying_header(call: _call.Call, *args: Any) -> bytes:
+def _lying_header(call: Call, *args: Any) -> bytes:
     header = _header(call, *args)
     if call.rank != 1:
         return header
@@ -59,7 +60,7 @@ def test_every_rank_raises_at_once_without_allocating_the_announced_batch(name: 
     tracemalloc.start()
     t = time.perf_counter()
     try:
-        with mock.patch.object(_call, "header", _lying_header):
+        with mock.patch.object(_transfers, "header", _lying_header):
             got = run_threads(body, 3, timeout=30)
         seconds, peak = time.perf_counter() - t, tracemalloc.get_traced_memory()[1]
     finally:

@@ -25,12 +25,13 @@ from _helpers import outcome
 
 from syncreward import synced_reward
 from syncreward._batch import split_result
-from syncreward._call import Call, Payload, encodable_here, exchange, inputs, link, merge
+from syncreward._call import Call, Payload
 from syncreward._exchange import OUTBOUND, Inbound
 from syncreward._logs import Logs
 from syncreward._modes import MODES, register
 from syncreward._modes._base import GatherMode, GatherScoring, Mode, ModeOption, Scoring
 from syncreward._outcome import Error, Outcome, Value, local
+from syncreward._transfers import encodable_here, exchange, inputs, link, merge
 from syncreward.testing import run_ranks, run_threads
 
 # ------------------------------------------------------------------------------------ modes written here

@@ -1,7 +1,8 @@
 """A mode says who scores what and who gets which rows; it moves nothing by hand (docs/internals.md).
 
 So no mode file imports the codec (frame layouts) or the wire arithmetic (status rows, result blocks):
-its transfers go through ``_call`` and ``_exchange``, its data through ``_batch``. No ranks needed.
+its transfers go through ``_transfers`` and ``_exchange``, its data through ``_batch``; and the call's
+record (``_call``) calls none of them. No ranks needed.
 """
 
 from __future__ import annotations
@@ -41,3 +42,15 @@ def test_mode_files_catch_no_exception_themselves() -> None:
         if isinstance(node, ast.ExceptHandler)
     }
     assert found == set()
+
+
+def test_call_record_imports_neither_the_modes_toolbox_nor_the_transfers() -> None:
+    """``_call`` is the call's record only (docs/internals.md, "A call is a record"): what a mode does with a
+    call is in ``_transfers``, below the modes, so a call runs one way (lifecycle -> mode -> ``_transfers``
+    -> ``_exchange``/``_batch``) and never back from the record into the modes' helpers."""
+    package = MODES_DIR.parent
+    record = {m.rsplit(".", 1)[-1] for m in _imported(package / "_call.py")}
+    assert record & {"_transfers", "_exchange", "_batch", "_modes", "_lifecycle"} == set()
+    toolbox = _imported(package / "_transfers.py")
+    assert {m.rsplit(".", 1)[-1] for m in toolbox} >= {"_call", "_exchange", "_batch"}
+    assert {m for m in toolbox if "_modes" in m or m.endswith(("_lifecycle", "_decorator"))} == set()

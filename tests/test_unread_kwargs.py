@@ -389,7 +389,7 @@ def test_unread_kwargs_tensor_column_still_says_where_tensor_results_go() -> Non
     ids = torch.zeros(3, 4)
     bound = bind(accuracy_reward, trl_call(completion_ids=ids))
     assert [c.name for c in bound.columns] == ["completions", "solution"]
-    assert bound.unread_tensor is ids  # _call.device: the device of the caller's tensor inputs
+    assert bound.unread_tensor is ids  # _transfers.device: the device of the caller's tensor inputs
 
 
 def test_unread_kwargs_one_process_counts_the_samples_as_several_ranks_do() -> None:

@@ -8,8 +8,8 @@ one class and registers one instance (:func:`syncreward._modes.register`, or a l
   ones given into the call's identity; :meth:`Mode.check` -- a check across them (optional);
 * :meth:`Mode.prepare` -- on the caller's thread: this rank's :class:`~syncreward._call.Payload`
   (default: every column encoded);
-* :meth:`Mode.route_inputs` -- in the call's inputs turn: exchange the inputs (``_call.exchange``,
-  ``_call.link``), return the mode's :class:`Scoring` (whether this rank scores, with which arguments,
+* :meth:`Mode.route_inputs` -- in the call's inputs turn: exchange the inputs (``_transfers.exchange``,
+  ``_transfers.link``), return the mode's :class:`Scoring` (whether this rank scores, with which arguments,
   and what :meth:`Mode.route_results` needs);
 * :meth:`Mode.route_results` -- in the call's results turn: results (or the function's error) back to
   the ranks that own the samples; return this rank's results.
@@ -29,7 +29,7 @@ Two rules, both kept by the framework rather than by each mode:
   returned from ``route_inputs`` (never sent: the other ranks would go on) by breaking the group at once
   with a :class:`ModeContractError` naming the mode, instead of a hang; a ``LocalError`` returned from
   ``route_results`` (after the call's last transfer) is this rank's alone, and the framework makes this
-  rank's next call tell every rank (``_call.lost``).
+  rank's next call tell every rank (``_transfers.lost``).
 
 An exception that escapes a hook is a transport failure and breaks the session. A mode file imports
 neither ``_codec`` nor ``_wire``: no frame layout, status row or result block is its business.
@@ -44,12 +44,13 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .._batch import read_frame, rebuild_result
-from .._call import Call, Hooks, Inputs, Payload, device, encode, exchange, inputs, link, lost, merge, record
+from .._call import Call, Hooks, Inputs, Payload
 from .._errors import CodecError, ModeContractError
 from .._exchange import OUTBOUND, Inbound, exchange_results
 from .._logs import Logs
 from .._options import Options
 from .._outcome import Error, LocalError, Outcome, Value, local
+from .._transfers import device, encode, exchange, inputs, link, lost, merge, record
 
 __all__ = [
     "GatherMode",

@@ -58,10 +58,11 @@ import numpy as np
 import torch
 
 from .._binding import Bound
-from .._call import Call, Payload, exchange
+from .._call import Call, Payload
 from .._exchange import Inbound
 from .._outcome import Error, Outcome, Value
 from .._session import Session
+from .._transfers import exchange
 from ._base import GatherMode, GatherScoring, Mode, local
 
 __all__ = ["GroupMode", "RewardGroup", "reward_group"]

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from .._batch import split_result
-from .._call import Call, Payload, encodable_here, encode
+from .._call import Call, Payload
 from .._exchange import Inbound
 from .._logs import Logs
 from .._outcome import Error, Outcome, Value
+from .._transfers import encodable_here, encode
 from ._base import GatherMode, GatherScoring, local
 
 __all__ = ["MainMode"]

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from .._batch import split_result
-from .._call import Call, link, record
+from .._call import Call
 from .._exchange import OUTBOUND, Inbound
 from .._logs import Logs
 from .._outcome import Error, Outcome, Value
+from .._transfers import link, record
 from ._base import GatherMode, GatherScoring
 
 __all__ = ["ReplicateMode"]

@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from .._batch import Split, encode_rows, read_frame, reassemble, split_result, take
-from .._call import Call, Payload, device, encode, exchange, inputs, link, merge
+from .._call import Call, Payload
 from .._errors import CodecError, InputError
 from .._exchange import INBOUND, OUTBOUND, Inbound
 from .._keys import KEY_BYTES, group_keys
 from .._logs import Logs
 from .._outcome import Error, Outcome, Value
+from .._transfers import device, encode, exchange, inputs, link, merge
 from ._base import Mode, ModeOption, Scoring, local
 
 __all__ = ["KEY_BYTES", "ShardMode", "assign_by_key", "assign_by_size", "group_keys"]
