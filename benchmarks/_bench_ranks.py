@@ -31,7 +31,7 @@ import syncreward._transfers as sr_transfers
 from syncreward import synced_reward, synced_rewards
 from syncreward._binding import Binder
 from syncreward._codec import Column, container_of, decode_frame, encode_frame
-from syncreward._wire import HEADER_LEN
+from syncreward._wire import BLOCK_LAG, HEADER_LEN
 from syncreward.backends import resolve_backend
 from syncreward.backends.torch_distributed import TorchDistributedBackend
 
@@ -429,22 +429,26 @@ def _expected(payload: str, rank: int, world_size: int) -> list[float]:
 
 
 def _account(variants: dict[str, Variant], counter: CollectiveCounter) -> dict[str, Any]:
-    """Collectives and bytes of each variant's first call (cold) and second call (steady state).
+    """Collectives and bytes of each variant's first call (cold) and of a steady-state call.
 
-    Both calls' results are kept for the correctness check.
+    The steady state comes after ``_wire.BLOCK_LAG`` calls: ``main`` sizes a call's inbound block from
+    what rank 0 announced that many gathered calls earlier, so the calls before send point-to-point tails.
+    The first and the last call's results are kept for the correctness check.
     """
     out: dict[str, Any] = {}
     for name, variant in variants.items():
         setup, fn = _split(variant)
         snaps, values = [], []
-        for _ in range(2):
+        for i in range(BLOCK_LAG + 2):
             if setup is not None:
                 setup()
             _barrier()
             with counter.armed_for():
-                values.append(fn())
-            snaps.append(counter.snapshot())
-        out[name] = {**snaps[1], "cold": snaps[0], "results": values}
+                value = fn()
+            if i in (0, BLOCK_LAG + 1):
+                values.append(value)
+                snaps.append(counter.snapshot())
+        out[name] = {**snaps[-1], "cold": snaps[0], "results": values}
     return out
 
 
