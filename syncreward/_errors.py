@@ -161,7 +161,7 @@ class ModeContractError(SyncRewardError):
 
 
 def seconds(t: float) -> str:
-    """Seconds as messages show them: a call's deadline leaves a wait ``1.9987`` s of ``timeout=2``, shown ``2``."""
+    """Seconds as messages show them, to a tenth: ``timeout=2.0`` is ``2``, ``timeout=0.25`` is ``0.2``."""
     return f"{round(t, 1):g}"
 
 
@@ -207,7 +207,7 @@ def first_line(e: BaseException) -> str:
 def late_message(record: str) -> str:
     """What a rank says that arrives after the others gave up on it (``record``: who waited how long for whom).
 
-    The seconds are the record's: this rank's own call may have had little of its ``timeout=`` left.
+    The seconds are the record's: the ``timeout=`` of the call of the rank that gave up (not this rank's).
     """
     return (
         f"the other ranks had given up waiting for this rank before it arrived ({record}). HINT: this rank was busy "

@@ -1,7 +1,7 @@
 """Every transfer a mode makes, over a backend: one :class:`Link` per call and channel.
 
 A mode never names a channel, a timeout or a collective's sizes: it asks the call's :class:`Link` (made
-by ``_call.link``: the session, the channel, the timeout, the function's name and the call's
+by ``_transfers.link``: the session, the channel, the timeout, the function's name and the call's
 description and shared arguments) for a transfer, and gets back an outcome (``_outcome``): ``Value``
 of what was received, or an ``Error`` that every rank raises -- because every rank decided it from the
 same gathered rows. The arithmetic (sizes, offsets, predictions) lives in ``_wire``.

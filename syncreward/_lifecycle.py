@@ -228,7 +228,7 @@ async def _steps_async(spec: Spec, call: Call, sequence: _Sequence) -> Any:
                     _abandon(call, sequence, None, e, scored=True)
                     raise
             else:
-                pending = session.submit(request.channel, seq, request.work, name)
+                pending = session.submit(request.channel, seq, request.work, call.deadline, name)
                 if request.channel == OUTBOUND:
                     session.close(seq)  # what is left runs on its own: a later call on this thread may start
                 try:
@@ -277,7 +277,7 @@ def _abandon(
                 request = sequence.send(Error(error))
         except StopIteration:
             return  # the call is over; its outcome was raised in the caller already
-        submitted = session.submit(request.channel, seq, request.work, name)
+        submitted = session.submit(request.channel, seq, request.work, call.deadline, name)
         submitted.add_done_callback(lambda f: advance(f.result()))
 
     if pending is not None:

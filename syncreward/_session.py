@@ -59,7 +59,7 @@ from ._wire import InboundBlocks, Predictor, ResultBlocks
 from .backends import Backend
 from .backends._cache import on_release
 from .backends._protocol import abandons, aborts
-from .backends._waiting import CALL
+from .backends._waiting import CALL, TIMEOUT
 
 __all__ = ["Session", "live_sessions", "session_for"]
 
@@ -220,7 +220,9 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ turns
 
-    def _guarded(self, call: str, work: Callable[[], Outcome[T]], channel: int) -> Callable[[], Outcome[T]]:
+    def _guarded(
+        self, call: str, work: Callable[[], Outcome[T]], channel: int, timeout: float
+    ) -> Callable[[], Outcome[T]]:
         """``work`` as run in its turn: the one place a backend's failure becomes an ``Error`` of the call.
 
         A backend says what went wrong with the ranks (``rank(s) [1] did not arrive within timeout=2s``)
@@ -228,12 +230,14 @@ class Session:
         the same attributes (``missing_ranks``), as ``synced call #3 of 'my_reward' timed out on rank 0
         while sending its inputs: ...``, and handed on as the turn's ``Error``. The session breaks (the first
         failure's words are the reason every later call gives). While the work runs, a long wait inside the
-        backend names the call (``backends._waiting.CALL``).
+        backend names the call (``backends._waiting.CALL``), and the backend's timeout messages name the call's
+        ``timeout`` as the user set it (``backends._waiting.TIMEOUT``), not the seconds its deadline had left.
         """
         words = f"{call} on rank {self.rank} while {_PHASES[channel]}"
 
         def run() -> Outcome[T]:
             named = CALL.set(words)  # what a long wait in the backend names (backends._waiting)
+            timed = TIMEOUT.set(timeout)  # and the timeout= its messages name
             try:
                 return work()
             except CommunicationError as e:
@@ -251,6 +255,7 @@ class Session:
                 self._tell_peers(reason)  # they wait in this turn's exchange: they raise now, not at timeout=
                 return Error(e)
             finally:
+                TIMEOUT.reset(timed)
                 CALL.reset(named)
 
         return run
@@ -267,16 +272,22 @@ class Session:
         """
         call = call_words(seq, function)  # the call's words, made once per turn
         try:
-            return self.turns[channel].run(seq, self._guarded(call, work, channel), deadline, call)
+            return self.turns[channel].run(seq, self._guarded(call, work, channel, deadline.timeout), deadline, call)
         except BaseException as e:  # an interrupt while this thread waited for the turn
             # the turn is never taken now, so no later call of this rank can get its own: break at once
             self.break_(f"{call} raised {type(e).__name__} while waiting for its turn: {reason_of(e)}")
             return Error(e)
 
-    def submit(self, channel: int, seq: int, work: Callable[[], Outcome[T]], function: str) -> Future[Outcome[T]]:
-        """Run a turn's work on a worker thread (async calls, and turns finished in the background)."""
+    def submit(
+        self, channel: int, seq: int, work: Callable[[], Outcome[T]], deadline: Deadline, function: str
+    ) -> Future[Outcome[T]]:
+        """Run a turn's work on a worker thread (async calls, and turns finished in the background).
+
+        Its transfers are bounded by the call's ``deadline`` (through the work's ``Link``); here it gives the
+        ``timeout=`` the backend's messages name.
+        """
         call = call_words(seq, function)
-        return self.turns[channel].submit(seq, self._guarded(call, work, channel), call)
+        return self.turns[channel].submit(seq, self._guarded(call, work, channel, deadline.timeout), call)
 
     def withdraw(self, channel: int, seq: int) -> bool:
         """Take back call ``seq``'s submitted work on ``channel`` if it has not started; whether it had not."""

@@ -98,6 +98,7 @@ from ._errors import (
 )
 from .backends._cache import release
 from .backends._resolve import as_thread_rank, thread_ranks
+from .backends._waiting import given
 
 __all__ = ["RanksFailed", "ThreadBackend", "ThreadGroup", "free_port", "run_ranks", "run_threads"]
 
@@ -407,8 +408,9 @@ class ThreadGroup:
             if left is not None:
                 raise CommunicationError(left) from None
             missing = [r for r in range(self.world_size) if ch.ops[r] < op]
-            ch.broken = ch.broken or ("T", f"rank {rank} waited {seconds(timeout)}s for rank(s) {missing}")
-            raise SyncTimeoutError(timeout_message(missing, timeout), missing) from None
+            said = given(timeout)  # the call's timeout=, not the seconds it had left (as the torch backend)
+            ch.broken = ch.broken or ("T", f"rank {rank} waited {seconds(said)}s for rank(s) {missing}")
+            raise SyncTimeoutError(timeout_message(missing, said), missing) from None
         kinds = {r: k for r, (k, _) in enumerate(tagged)}
         if len(set(kinds.values())) > 1:
             message = collective_mismatch_message(kinds)
@@ -440,7 +442,7 @@ class ThreadGroup:
             if left is not None:
                 raise CommunicationError(left_message([left[0]]))
             if time.monotonic() >= end:
-                raise SyncTimeoutError(timeout_message([src], timeout), [src])
+                raise SyncTimeoutError(timeout_message([src], given(timeout)), [src])
 
     def violation(self, rank: int, message: str) -> CommunicationError:
         self.violations.append((rank, message))

@@ -168,12 +168,6 @@ def test_call_number_counts_the_calls_over_the_same_group(subgroup_timeout: tupl
     assert "counts this process's synced calls" not in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the set-up's timeout message formats the seconds Link handed the backend (deadline.left(), e.g. "
-    "1.99874) with :g, unrounded; the fix is in backends/torch_distributed.py (part E): _errors.seconds, or "
-    "the call's timeout=",
-)
 def test_setup_timeout_names_the_timeout_given_rounded(subgroup_timeout: tuple[str, Any]) -> None:
     """The first call's set-up times out naming ``timeout=2s``, as every other timeout message does."""
     earlier, (_, _, message) = subgroup_timeout

@@ -6,6 +6,7 @@ lower layer would return or raise.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -16,8 +17,10 @@ ray = pytest.importorskip("ray")
 from ray.exceptions import GetTimeoutError, RayActorError, RayError  # noqa: E402
 
 from syncreward import CommunicationError, GroupBrokenError, SyncTimeoutError  # noqa: E402
+from syncreward.backends import _ray_coordinator  # noqa: E402
 from syncreward.backends import ray as ray_backend  # noqa: E402
 from syncreward.backends._ray_coordinator import BROKEN, ERROR, FAILED, TIMEOUT  # noqa: E402
+from syncreward.backends._waiting import TIMEOUT as TIMEOUT_GIVEN  # noqa: E402
 from syncreward.backends.ray import _FAILURES, _UNUSABLE, _WRONG_SIZE  # noqa: E402
 
 GROUP = "g"
@@ -106,6 +109,42 @@ def test_ray_failure_coordinator_timeout_maps_to_sync_timeout_error_naming_missi
     assert err.missing_ranks == (1,)
     assert str(err).startswith("rank(s) [1] of Ray group 'g' did not arrive within timeout=5s (hung, still busy")
     assert member._broken == CASES[TIMEOUT][1][1]
+
+
+def test_ray_failure_coordinator_timeout_names_the_timeout_given_not_the_seconds_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Handed 5 s left of a call of ``timeout=30``, the member's message and the coordinator's words name 30 s."""
+    sent: list[tuple[Any, ...]] = []
+
+    class Coordinator:
+        class exchange:
+            @staticmethod
+            def remote(*args: Any) -> str:
+                sent.append(args)
+                return "ref"
+
+    monkeypatch.setattr(ray_backend.ray, "get", lambda ref, timeout=None: CASES[TIMEOUT])
+    member = ray_backend.RayBackend(GROUP, 0, 2, Coordinator(), "token", True)
+    given = TIMEOUT_GIVEN.set(30.0)  # the session sets the call's timeout= around every step
+    try:
+        err = _fail(member, timeout=5.0)
+    finally:
+        TIMEOUT_GIVEN.reset(given)
+    assert str(err).startswith("rank(s) [1] of Ray group 'g' did not arrive within timeout=30s (hung"), str(err)
+    (args,) = sent
+    assert args[-2:] == (5.0, 30.0)  # the coordinator waits the seconds left and names timeout=30
+
+
+def test_ray_coordinator_timeout_reply_names_the_timeout_given_not_the_seconds_left() -> None:
+    """The coordinator itself (driven in this process, no Ray) waits the seconds left and names ``said``."""
+    coordinator = _ray_coordinator._Coordinator(GROUP, 2, {})
+
+    async def exchange() -> Any:
+        await coordinator.register(0, 2, "token", None)
+        return await coordinator.exchange(0, "token", 0, _ray_coordinator.GATHER, b"x", None, 0.2, 30.0)
+
+    assert asyncio.run(exchange()) == (TIMEOUT, ([1], "rank(s) [1] of Ray group 'g' did not arrive within timeout=30s"))
 
 
 def test_ray_failure_coordinator_broken_maps_to_group_broken_error(monkeypatch: pytest.MonkeyPatch) -> None:

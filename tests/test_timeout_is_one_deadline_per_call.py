@@ -16,7 +16,7 @@ import pytest
 
 import syncreward
 from syncreward import synced_reward
-from syncreward.testing import run_threads
+from syncreward.testing import run_ranks, run_threads
 
 TIMEOUT = 4.0
 LATE = 3.0  # rank 0 calls this much later than rank 1
@@ -87,14 +87,9 @@ def test_timeout_is_one_deadline_per_call_across_the_turn_wait_and_the_async_wai
     assert any(kind == "SyncTimeoutError" for kind, _, _ in got[1]), got
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the backends word a timeout with the seconds Link hands them (deadline.left(): here 1 s), not the "
-    "call's timeout=; the fix is in _exchange.Link/the backends (part E): name Deadline.timeout",
-)
-def test_a_timeout_in_a_later_wait_of_the_call_names_the_timeout_given_not_the_seconds_left() -> None:
-    """Rank 1 waits LATE s for rank 0's inputs, then times out waiting for its results: its message names
-    ``timeout=4s`` (what the user set, what the HINT says to raise), not the 1 s its last wait had left."""
+@pytest.fixture(scope="module")
+def later_wait() -> list[tuple[str, str]]:
+    """Rank 0 calls LATE s after rank 1 and scores SCORING s: rank 1 times out in its results wait, with 1 s left."""
     reward = synced_reward(timeout=TIMEOUT)(_slow)
 
     def body(rank: int, world_size: int) -> tuple[str, str]:
@@ -106,7 +101,52 @@ def test_a_timeout_in_a_later_wait_of_the_call_names_the_timeout_given_not_the_s
         except syncreward.SyncRewardError as e:
             return type(e).__name__, str(e)
 
-    got = run_threads(body, 2, timeout=60)
+    return run_threads(body, 2, timeout=60)
+
+
+def test_a_timeout_in_a_later_wait_of_the_call_names_the_timeout_given_not_the_seconds_left(
+    later_wait: list[tuple[str, str]],
+) -> None:
+    """Rank 1 waits LATE s for rank 0's inputs, then times out waiting for its results: its message names
+    ``timeout=4s`` (what the user set, what the HINT says to raise), not the 1 s its last wait had left."""
+    kind, message = later_wait[1]
+    assert kind == "SyncTimeoutError", later_wait
+    assert f"did not arrive within timeout={TIMEOUT:g}s" in message, later_wait
+
+
+def test_a_late_rank_is_told_the_timeout_given_not_the_seconds_the_waiting_rank_had_left(
+    later_wait: list[tuple[str, str]],
+) -> None:
+    """Rank 0, sending its results after rank 1 gave up, reads rank 1's record: ``rank 1 waited 4s`` (not 1s)."""
+    kind, message = later_wait[0]
+    assert kind == "CommunicationError", later_wait
+    assert f"rank 1 waited {TIMEOUT:g}s for rank(s) [0]" in message, later_wait
+
+
+def _later_wait_on_gloo_body(rank: int, world_size: int) -> tuple[str, str]:
+    reward = synced_reward(timeout=TIMEOUT)(_slow_on_rank0)
+    reward([f"w{rank}"])  # the set-up and a first call, so that the call below times out inside an exchange
+    if rank == 0:
+        time.sleep(LATE)
+    try:
+        reward([f"c{rank}"])
+        return "ok", ""
+    except syncreward.SyncRewardError as e:
+        return type(e).__name__, str(e)
+
+
+def _slow_on_rank0(completions: list[str]) -> list[float]:
+    if completions[0].startswith("c"):
+        time.sleep(SCORING)  # the second call only (scored on rank 0)
+    return [1.0] * len(completions)
+
+
+def test_a_timeout_in_a_later_wait_names_the_timeout_given_on_gloo_ranks_too() -> None:
+    """The torch backend: rank 1's error and the record rank 0 reads late both name ``timeout=4``."""
+    got = run_ranks(_later_wait_on_gloo_body, 2, timeout=120)
     kind, message = got[1]
     assert kind == "SyncTimeoutError", got
     assert f"did not arrive within timeout={TIMEOUT:g}s" in message, got
+    kind, message = got[0]
+    assert kind == "CommunicationError", got
+    assert f"(rank 1 waited {TIMEOUT:g}s for rank(s) [0])" in message, got  # (was: waited 1s, the seconds left)

@@ -20,7 +20,7 @@ import pytest
 from _helpers import outcome
 
 from syncreward import synced_reward
-from syncreward.backends._waiting import WARN_ENV, WaitLog
+from syncreward.backends._waiting import TIMEOUT, WARN_ENV, WaitLog
 from syncreward.testing import run_ranks
 
 
@@ -86,6 +86,22 @@ def test_waiting_says_so_only_after_the_first_interval_then_each_time_the_wait_d
     assert not WaitLog(timeout=5).due()  # a timeout before the first warning: its error says it all
     monkeypatch.setenv(WARN_ENV, "4")
     assert WaitLog(timeout=5, started=time.monotonic() - 4.1).due()
+
+
+def test_waiting_says_so_naming_the_timeout_given_not_the_seconds_the_call_had_left(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wait that begins late in a call of ``timeout=1800`` (here with 100 s left) names ``timeout=1800s``."""
+    monkeypatch.setenv(WARN_ENV, "10")
+    waits = WaitLog(timeout=100, started=time.monotonic() - 10.2)  # the backend is handed the seconds left
+    given = TIMEOUT.set(1800.0)  # the session sets the call's timeout= around every step
+    try:
+        with caplog.at_level(logging.WARNING, logger="syncreward"):
+            waits.warn([1], "arrive in this exchange")
+    finally:
+        TIMEOUT.reset(given)
+    (record,) = caplog.records
+    assert "has waited 10s of timeout=1800s" in record.getMessage()
 
 
 def test_waiting_warning_in_troubleshooting_is_what_python_prints_without_logging_configured() -> None:

@@ -38,7 +38,10 @@ class Backend(Protocol):
     interleave with operations on the other), which lets concurrent ``async`` synced calls overlap.
 
     An implementation raises ``syncreward.SyncTimeoutError`` when the others do not arrive within
-    ``timeout`` seconds and ``syncreward.CommunicationError`` when the transport fails. It need not
+    ``timeout`` seconds and ``syncreward.CommunicationError`` when the transport fails. ``timeout`` is what
+    is left of the synced call's deadline (its ``timeout=`` counts from the call's start), so a later wait
+    of a call gets less than the user's ``timeout=``; syncreward's own backends name the user's number in
+    their messages (``backends._waiting.given``). It need not
     remember failures: syncreward stops using a backend after any such error (every later call raises
     ``syncreward.GroupBrokenError`` without touching it).
 

@@ -198,6 +198,7 @@ class _Coordinator:
         payload: Any,
         counts: Sequence[int] | None,
         timeout: float,
+        said: float | None = None,  # the call's timeout=, which a timeout names (the member's ``_waiting.given``)
     ) -> tuple[str, Any]:
         member = self.members.get(rank)
         if member is None or member.token != token or member.state != "live":
@@ -228,7 +229,7 @@ class _Coordinator:
                     missing = [r for r in range(self.world_size) if slot.parts[r] is None]
                     self._break(
                         f"rank(s) {missing} of Ray group {self.group!r} did not arrive within "
-                        f"timeout={round(timeout, 1):g}s",
+                        f"timeout={round(timeout if said is None else said, 1):g}s",  # (_errors.seconds)
                         TIMEOUT,
                         missing_of=True,
                     )

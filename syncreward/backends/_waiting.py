@@ -8,7 +8,10 @@ warning comes after ``SYNCREWARD_WAIT_WARN_S`` seconds (default 60), then each t
 others wait for the scoring rank) costs a handful of lines over the default ``timeout=1800``. A wait
 whose ``timeout=`` comes before the first warning never logs: its error says it all.
 
-The session names the call (:data:`CALL`, around every step); the backend only knows ranks.
+The session names the call (:data:`CALL`, around every step); the backend only knows ranks. The session
+also sets the call's ``timeout=`` as the user gave it (:data:`TIMEOUT`): a backend is handed the seconds
+*left* of the call's deadline as its ``timeout`` (what its waits take), and every timeout message names
+:func:`given` instead, the number the user set and the HINT says to raise.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from contextvars import ContextVar
 
 from .._errors import seconds
 
-__all__ = ["CALL", "WaitLog"]
+__all__ = ["CALL", "TIMEOUT", "WaitLog", "given"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,19 @@ _DEFAULT_WARN_S = 60.0
 # What the waits of this step are for (``synced call #3 of 'my_reward' on rank 1 while ...``): set by the
 # session around every step, read only when a warning is due.
 CALL: ContextVar[str] = ContextVar("syncreward_call", default="a synced call")
+# The call's ``timeout=`` (``Deadline.timeout``), set by the session around every step beside CALL; None where a
+# backend is driven outside a synced call.
+TIMEOUT: ContextVar[float | None] = ContextVar("syncreward_timeout", default=None)
+
+
+def given(timeout: float) -> float:
+    """The ``timeout=`` a message names: the synced call's as the user set it, else the ``timeout`` handed.
+
+    A backend waits ``timeout`` (the seconds left of the call's deadline) and words its timeouts, abort
+    records and warnings with this: ``timeout=4``, not the 1 s left to a wait that began 3 s into the call.
+    """
+    call = TIMEOUT.get()
+    return timeout if call is None else call
 
 
 def _first_warning_s() -> float:
@@ -63,7 +79,7 @@ class WaitLog:
             "this call fail at timeout= (set timeout= to what one call may take; docs/troubleshooting.md).",
             CALL.get(),
             waited,
-            seconds(self._timeout),  # the call's time left when this wait began
+            seconds(given(self._timeout)),
             waiting_for,
             who,
         )

@@ -86,6 +86,7 @@ from ._ray_coordinator import (
     ZERO_COPY_BYTES,
     coordinator_class,
 )
+from ._waiting import given
 
 __all__ = ["RayBackend", "current_backend", "destroy", "join", "joined_backends"]
 
@@ -234,7 +235,8 @@ class RayBackend:
         if self._broken is not None:
             raise self._failure(_UNUSABLE, self._broken)
         try:
-            ref = self._coord.exchange.remote(self._rank, self._token, channel, kind, payload, counts, timeout)
+            said = given(timeout)  # what a timeout names: the call's timeout=, not the seconds left (_waiting)
+            ref = self._coord.exchange.remote(self._rank, self._token, channel, kind, payload, counts, timeout, said)
             status, data = ray.get(ref, timeout=timeout + _REPLY_MARGIN_S if timeout < 1e9 else None)
         except _RAISED as e:
             raise self._failure(next(k for k in _RAISED if isinstance(e, k)), first_line(e), timeout=timeout) from e
@@ -255,7 +257,7 @@ class RayBackend:
             "group": self.group,
             "detail": detail,
             "reply_s": timeout + _REPLY_MARGIN_S,
-            "timeout_message": timeout_message(missing, timeout, of=f" of Ray group {self.group!r}"),
+            "timeout_message": timeout_message(missing, given(timeout), of=f" of Ray group {self.group!r}"),
         }
         self._broken = broken.format(**fields)
         message = template.format(**fields)

@@ -118,7 +118,7 @@ from .._errors import (
     seconds,
     timeout_message,
 )
-from ._waiting import WaitLog
+from ._waiting import WaitLog, given
 
 __all__ = ["TorchDistributedBackend"]
 
@@ -750,16 +750,17 @@ class TorchDistributedBackend:
         """
         if missing is None:
             missing = self._missing_at_setup(store, name)
+        said = seconds(given(timeout))  # the call's timeout=, not the seconds it had left (_waiting.given)
         with contextlib.suppress(Exception):  # a rank arriving later then says at once that it came too late
             if not records.check(["abort"]):
                 who = f"rank(s) {missing}" if missing else "the other ranks"
                 records.set("missing", ",".join(map(str, missing)))
                 records.set(
-                    "abort", f"Trank {self._rank} waited {timeout:g}s for {who} to make their first synced call"
+                    "abort", f"Trank {self._rank} waited {said}s for {who} to make their first synced call"
                 )
         who = f"rank(s) {missing} did not make their first synced call" if missing else "the others did not arrive"
         return SyncTimeoutError(
-            f"{who} within timeout={timeout:g}s, so syncreward could not connect ranks {self._ranks}. HINT: every "
+            f"{who} within timeout={said}s, so syncreward could not connect ranks {self._ranks}. HINT: every "
             "rank of the group must make the same synced calls; raise timeout= if some ranks legitimately start "
             "much later.",
             missing,
@@ -1083,12 +1084,13 @@ class TorchDistributedBackend:
 
     def _timed_out(self, channel: int, timeout: float) -> NoReturn:
         op = self._ops[channel]
+        said = given(timeout)  # what the records and the error name: the call's timeout= (_waiting.given)
         missing: list[int] = []
         if self._store is not None:
             try:
                 # first of all, so that a rank arriving now raises with us instead of completing the exchange
                 if self._peer_abort() is None:
-                    self._store.set("abort", f"Trank {self._rank} gave up after waiting {seconds(timeout)}s")
+                    self._store.set("abort", f"Trank {self._rank} gave up after waiting {seconds(said)}s")
                 self._store.set(f"arrived/{channel}/{self._rank}", f"{op} timeout")
                 # the ranks that waited have said so already; give the ones that arrived just now a moment
                 end = time.monotonic() + _GRACE_S
@@ -1106,10 +1108,10 @@ class TorchDistributedBackend:
                     missing = named
                 elif (self._peer_abort() or "T").startswith("T"):
                     # a rank that arrives later must not wait out its own timeout for ranks that gave up
-                    self._store.set("abort", f"Trank {self._rank} waited {seconds(timeout)}s for rank(s) {missing}")
+                    self._store.set("abort", f"Trank {self._rank} waited {seconds(said)}s for rank(s) {missing}")
             except Exception:
                 missing = []
-        raise SyncTimeoutError(timeout_message(missing, timeout), missing)
+        raise SyncTimeoutError(timeout_message(missing, said), missing)
 
     def _blocked_elsewhere(self, channel: int, missing: Sequence[int]) -> list[int]:
         """The ``missing`` ranks whose record shows them in the exchange this rank passed last on the other channel."""
