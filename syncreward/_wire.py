@@ -465,13 +465,34 @@ def block_for(sizes: Sequence[int]) -> int:
     return HEADER_BYTES + max(room, 64)
 
 
+BLOCK_SKEW = 1.5  # the blocks of a gather hold at most 1.5x what the ranks that send need in all
+
+
+def bounded_block(sizes: Sequence[int]) -> int:
+    """The block for a call whose ranks sent payloads of ``sizes``: the largest need, unless the ranks are skewed.
+
+    A gather moves one block per rank, so blocks sized for the largest payload cost the scoring rank W times
+    that payload. Where those blocks would hold more than ``BLOCK_SKEW`` times what the sending ranks need
+    in all (one rank with most of the batch), the block is the largest need that keeps within it: the
+    larger payloads send their rest point to point (exact sizes), and the scoring rank's buffer stays
+    within about ``BLOCK_SKEW`` times the batch instead of W times its largest part. A rank that sends
+    nothing (the scoring rank itself) does not count.
+    """
+    needs = sorted(block_for([s]) for s in sizes if int(s) > 0)
+    if not needs:
+        return block_for(())
+    budget = BLOCK_SKEW * sum(needs)
+    fits = [n for n in needs if len(needs) * n <= budget]
+    return fits[-1] if fits else needs[0]
+
+
 class InboundBlocks:
     """``mode="main"``'s inbound blocks on a gathering backend: one size B for every rank of a call's gather.
 
     Every rank sends the scoring rank one B-byte block (header, then the start of its payload); the part
     of a payload past it follows point to point. B must be the same on every rank, yet only the scoring
     rank reads the sizes: it announces a size in each gathered call's result block (:meth:`announce`, the
-    largest need of the last ``BLOCK_WINDOW`` gathered calls: it grows at once and shrinks back when the
+    largest need (:func:`bounded_block`: skewed ranks send tails instead) of the last ``BLOCK_WINDOW`` gathered calls: it grows at once and shrinks back when the
     large calls leave the window), and a call uses what the gathered call ``BLOCK_LAG`` gathered calls
     before it announced (:meth:`source`): concurrent ``async`` calls (up to ``BLOCK_LAG`` of them) keep
     overlapping, because no call waits for the results of the call just before it. Every rank records the
@@ -502,7 +523,7 @@ class InboundBlocks:
     def announce(self, seq: int, sizes: Sequence[int] | None) -> int:
         """On the scoring rank: call ``seq`` saw payloads of ``sizes`` (``None``: nothing to learn); its size to use."""
         if sizes is not None:
-            self._needs.append(block_for(sizes))
+            self._needs.append(bounded_block(sizes))
             del self._needs[:-BLOCK_WINDOW]
         size = max(self._needs, default=BASE_BLOCK)
         with self._lock:

@@ -499,3 +499,19 @@ def test_check_records_carry_the_shared_digest() -> None:
     other = CallCheck(1, 2, 3, 9, 5)
     assert check.same_call(other)
     assert not check.same_shared(other)
+
+
+def test_main_inbound_blocks_of_skewed_ranks_stay_near_the_batch_not_w_times_its_largest_part() -> None:
+    """One rank with most of the batch: blocks for its payload would cost rank 0 W times it; the block
+    is the largest need that keeps the gather within BLOCK_SKEW x what the ranks send, the rest travels as tails."""
+    from syncreward._wire import BLOCK_SKEW, bounded_block
+
+    even = [0] + [1000] * 7  # rank 0 (the scoring rank) sends nothing: it does not count
+    assert bounded_block(even) == block_for([1000])
+    skewed = [0, 10_000_000] + [100_000] * 62
+    b = bounded_block(skewed)
+    assert b == block_for([100_000])  # the large rank sends its rest point to point
+    senders = [block_for([s]) for s in skewed if s]
+    assert len(senders) * b <= BLOCK_SKEW * sum(senders)
+    assert len(senders) * block_for(skewed) > 5 * sum(senders)  # what the largest need would have cost
+    assert bounded_block([0, 0]) == block_for([])  # nothing sent: the smallest block
