@@ -132,7 +132,16 @@ def _open(
         interrupted = KeyboardInterrupt("synced call interrupted while preparing")
         _abandon(unbound, _sequence(unbound, Error(interrupted)), None, interrupted)
         raise
-    return call, _sequence(call, payload)
+    sequence = _sequence(call, payload)
+    if problem is not None and not is_async and isinstance(payload, Error):
+        # A blocking call the session refused (made where its order cannot be the same on every rank, or on an
+        # event loop's thread while an async call on that loop is pending): it raises here at once, and the rest
+        # of its exchanges runs in the background, so that the others raise too. Waiting for them here could
+        # wait for an earlier call that cannot progress while this thread is blocked (in ``main`` over a
+        # gathering backend, rank 0's verdict comes in the results turn, after the earlier calls' results).
+        _abandon(call, sequence, None, payload.error)
+        raise payload.error
+    return call, sequence
 
 
 def _score(fn: Callable[..., Any], request: _Score) -> Outcome[Any]:
