@@ -755,9 +755,7 @@ class TorchDistributedBackend:
             if not records.check(["abort"]):
                 who = f"rank(s) {missing}" if missing else "the other ranks"
                 records.set("missing", ",".join(map(str, missing)))
-                records.set(
-                    "abort", f"Trank {self._rank} waited {said}s for {who} to make their first synced call"
-                )
+                records.set("abort", f"Trank {self._rank} waited {said}s for {who} to make their first synced call")
         who = f"rank(s) {missing} did not make their first synced call" if missing else "the others did not arrive"
         return SyncTimeoutError(
             f"{who} within timeout={said}s, so syncreward could not connect ranks {self._ranks}. HINT: every "
