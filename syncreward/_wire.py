@@ -494,9 +494,10 @@ class InboundBlocks:
     rank reads the sizes: it announces a size in each gathered call's result block (:meth:`announce`, the
     largest need of the last ``BLOCK_WINDOW`` gathered calls, :func:`bounded_block` where ranks are skewed:
     it grows at once and shrinks back when the large calls leave the window), and a call uses what the
-    gathered call ``BLOCK_LAG`` gathered calls before it announced (:meth:`source`): concurrent ``async`` calls (up to ``BLOCK_LAG`` of them) keep
-    overlapping, because no call waits for the results of the call just before it. Every rank records the
-    same gathered calls in the same order (:meth:`gathered`), so every rank picks the same announcement.
+    gathered call ``BLOCK_LAG`` gathered calls before it announced (:meth:`source`): concurrent ``async``
+    calls (up to ``BLOCK_LAG`` of them) keep overlapping, because no call waits for the results of the call
+    just before it. Every rank records the same gathered calls in the same order (:meth:`gathered`), so
+    every rank picks the same announcement.
     """
 
     def __init__(self) -> None:
