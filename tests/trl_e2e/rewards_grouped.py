@@ -5,8 +5,8 @@ each the same column objects every step, so the columns travel once per step. Ea
 received and returns ``float(prompt_id)`` per completion (so the test checks every reward's rows).
 
 After every call a ``group_stats`` line records how many inbound exchanges this rank has made so far:
-the backend's ``all_to_all`` calls on channel 0, the first of the two channels of the ``Backend``
-protocol, which carries every call's inputs (counted by wrapping the torch backend's method, which the
+the backend's ``all_to_all`` and ``gather`` calls on channel 0, the first of the two channels of the
+``Backend`` protocol, which carries every call's inputs (counted by wrapping the torch backend's method, which the
 accelerate backend inherits). A call that gathered its columns made one or more; a call served by what
 an earlier call of its group gathered made none.
 """
@@ -24,17 +24,21 @@ from syncreward.backends.torch_distributed import TorchDistributedBackend
 
 INBOUND_CHANNEL = 0
 _inbound = [0]
-_all_to_all = TorchDistributedBackend.all_to_all
 
 
-def _counting_all_to_all(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-    if kwargs.get("channel") == INBOUND_CHANNEL:
-        with _lock:
-            _inbound[0] += 1
-    return _all_to_all(self, *args, **kwargs)
+def _counting(method):  # type: ignore[no-untyped-def]
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs.get("channel") == INBOUND_CHANNEL:
+            with _lock:
+                _inbound[0] += 1
+        return method(self, *args, **kwargs)
+
+    return counted
 
 
-TorchDistributedBackend.all_to_all = _counting_all_to_all  # type: ignore[method-assign]
+# main's inbound is a gather to rank 0 over the torch backend (an all_to_all elsewhere): count both
+TorchDistributedBackend.all_to_all = _counting(TorchDistributedBackend.all_to_all)  # type: ignore[method-assign]
+TorchDistributedBackend.gather = _counting(TorchDistributedBackend.gather)  # type: ignore[method-assign]
 
 
 def _stats() -> None:
