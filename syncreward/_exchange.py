@@ -54,7 +54,6 @@ from ._wire import (
     V_OK,
     V_SHARED,
     V_VERSION,
-    VERSION,
     CallCheck,
     FailedCheck,
     Headers,
@@ -418,22 +417,11 @@ class Link:
         starts = list(accumulate(recv_counts, initial=0))
         headers = Headers.gather(buf, starts[:-1])
         session.predictor.update(headers, route)
-        if headers.versions != {VERSION}:
-            return Error(
-                MismatchError(
-                    f"ranks run different syncreward wire versions ({sorted(hex(v) for v in headers.versions)}). "
-                    "HINT: install the same syncreward version on every node."
-                )
-            )
-        problem = headers.problem()
-        if problem is not None:
-            return Error(CodecError(f"{problem}. HINT: every rank must run the same syncreward version."))
-        if headers.failed:
+        verdict, text = verdict_of(headers)  # what rank 0 decides alone in a gathered inbound, here on every rank
+        if verdict == V_FAILED:  # every rank holds every header: the errors follow at once
             return self.report_failures(headers.statuses, headers.sizes, error, blob)
-        if not headers.agree:
-            return self.mismatch()
-        if not headers.shared_agree:
-            return self.shared_mismatch()
+        if verdict != V_OK:
+            return _verdict_error(self, verdict, text, error)
         counts = headers.counts
         dropped = dropped_names(names, droppable, headers.masks) if droppable and headers.any_dropped else frozenset()
         inbound = Inbound(headers, counts, offsets(counts), dropped, all_prove=all(headers.mode_words))
