@@ -483,16 +483,9 @@ def _all_to_all_options(timeout: float) -> Any:
 
 
 @functools.lru_cache(maxsize=64)
-def _scatter_options(root: int, timeout: float) -> Any:
-    opts = dist.ScatterOptions()
-    opts.rootRank = root
-    opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
-    return opts
-
-
-@functools.lru_cache(maxsize=64)
-def _gather_options(root: int, timeout: float) -> Any:
-    opts = dist.GatherOptions()
+def _rooted_options(kind: Any, root: int, timeout: float) -> Any:
+    """The options of a gloo ``scatter`` or ``gather`` (``kind``: their options class) from or to ``root``."""
+    opts = kind()
     opts.rootRank = root
     opts.timeout = _timedelta(timeout + _GLOO_MARGIN_S)
     return opts
@@ -815,7 +808,7 @@ class TorchDistributedBackend:
         """
         group = self._begin(channel, timeout)
         out = torch.empty(size, dtype=torch.uint8, device=_CPU)
-        opts = _scatter_options(root, math.ceil(timeout))
+        opts = _rooted_options(dist.ScatterOptions, root, math.ceil(timeout))
         if self._rank == root and not send.flags.writeable:
             send = send.copy()
         try:
@@ -835,7 +828,7 @@ class TorchDistributedBackend:
         slices (docs/scale.md).
         """
         group = self._begin(channel, timeout)
-        opts = _gather_options(root, timeout)
+        opts = _rooted_options(dist.GatherOptions, root, math.ceil(timeout))  # whole seconds, as above
         if not send.flags.writeable:
             send = send.copy()
         out = torch.empty(size * self._world_size if self._rank == root else 0, dtype=torch.uint8, device=_CPU)
