@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -103,3 +106,23 @@ class Counting(Wrapping):
         self.calls += 1
         self.sent += sum(int(c) for d, c in enumerate(send_counts) if d != self.rank)
         return self.inner.all_to_all(send, send_counts, recv_counts, channel=channel, timeout=timeout)
+
+
+def outputs_under_hash_seeds(body: str, seeds: Sequence[str] = ("1", "2", "3")) -> set[str]:
+    """What ``body`` prints in fresh interpreters with each ``PYTHONHASHSEED``: one output means it ignores the salt.
+
+    ``body`` runs with the package's modules importable but without its ``__init__`` (no torch imported).
+    """
+    package = os.path.dirname(syncreward.__file__)
+    script = (
+        "import sys, types\n"
+        "package = types.ModuleType('syncreward')\n"
+        f"package.__path__ = [{package!r}]\n"
+        "sys.modules['syncreward'] = package\n" + body
+    )
+    seen = set()
+    for seed in seeds:
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        seen.add(out.stdout.strip())
+    return seen

@@ -15,9 +15,8 @@ import types
 from typing import Any
 
 import pytest
-from _helpers import outcome
+from _helpers import outcome, outputs_under_hash_seeds
 
-import syncreward
 from syncreward import MismatchError, synced_reward
 from syncreward._identity import Identity, call_site, plain_repr
 from syncreward.testing import free_port, run_ranks, run_threads
@@ -562,21 +561,11 @@ def test_call_site_of_code_without_a_file_holds_a_digest_of_its_code() -> None:
 
 def test_code_digest_does_not_depend_on_the_process_hash_salt(tmp_path: Any) -> None:
     source = "def f(x):\n    return x in {'a', 'b', 'c', 'd'} and (lambda: x.upper())()\n"
-    package = os.path.dirname(syncreward.__file__)
-    script = (  # the package's modules without its __init__: no torch to import
-        "import sys, types\n"
-        "package = types.ModuleType('syncreward')\n"
-        f"package.__path__ = [{package!r}]\n"
-        "sys.modules['syncreward'] = package\n"
+    digests = outputs_under_hash_seeds(
         "from syncreward._identity import code_digest\n"
         "assert 'torch' not in sys.modules\n"
         f"print(code_digest(compile({source!r}, '<cell>', 'exec')))\n"
     )
-    digests = set()
-    for seed in ("1", "2", "3"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-        digests.add(out.stdout.strip())
     assert len(digests) == 1, digests
 
 

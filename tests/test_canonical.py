@@ -8,14 +8,12 @@ them. Pure tests, no ranks.
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from _helpers import outputs_under_hash_seeds
 
 import syncreward
 from syncreward._canonical import EQUAL, EXACT, Budget, NotPlain, Opaque, encode, to_bytes
@@ -165,21 +163,11 @@ def test_a_rewards_configuration_uses_the_exact_rule_without_per_rank_state() ->
 
 
 def test_canonical_bytes_do_not_depend_on_the_process_hash_salt() -> None:
-    package = os.path.dirname(syncreward.__file__)
-    script = (  # the package's modules without its __init__: no torch to import
-        "import sys, types\n"
-        "package = types.ModuleType('syncreward')\n"
-        f"package.__path__ = [{package!r}]\n"
-        "sys.modules['syncreward'] = package\n"
+    seen = outputs_under_hash_seeds(
         "from syncreward._canonical import EQUAL, EXACT, to_bytes\n"
         "value = {'b': [1, 'x'], 'a': {('k', 2): b'v', 'z': None}, 'c': {'q': 1.5}}\n"
         "print(to_bytes(value, EXACT).hex(), to_bytes(value, EQUAL).hex())\n"
     )
-    seen = set()
-    for seed in ("1", "2", "3"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-        seen.add(out.stdout.strip())
     assert len(seen) == 1, seen
 
 

@@ -87,6 +87,15 @@ def test_timeout_is_one_deadline_per_call_across_the_turn_wait_and_the_async_wai
     assert any(kind == "SyncTimeoutError" for kind, _, _ in got[1]), got
 
 
+def _attempt(reward: Any, completions: list[str]) -> tuple[str, str]:
+    """One call: ``("ok", "")``, or the synced error's type name and message."""
+    try:
+        reward(completions)
+        return "ok", ""
+    except syncreward.SyncRewardError as e:
+        return type(e).__name__, str(e)
+
+
 @pytest.fixture(scope="module")
 def later_wait() -> list[tuple[str, str]]:
     """Rank 0 calls LATE s after rank 1 and scores SCORING s: rank 1 times out in its results wait, with 1 s left."""
@@ -95,11 +104,7 @@ def later_wait() -> list[tuple[str, str]]:
     def body(rank: int, world_size: int) -> tuple[str, str]:
         if rank == 0:
             time.sleep(LATE)
-        try:
-            reward([f"c{rank}"])
-            return "ok", ""
-        except syncreward.SyncRewardError as e:
-            return type(e).__name__, str(e)
+        return _attempt(reward, [f"c{rank}"])
 
     return run_threads(body, 2, timeout=60)
 
@@ -128,11 +133,7 @@ def _later_wait_on_gloo_body(rank: int, world_size: int) -> tuple[str, str]:
     reward([f"w{rank}"])  # the set-up and a first call, so that the call below times out inside an exchange
     if rank == 0:
         time.sleep(LATE)
-    try:
-        reward([f"c{rank}"])
-        return "ok", ""
-    except syncreward.SyncRewardError as e:
-        return type(e).__name__, str(e)
+    return _attempt(reward, [f"c{rank}"])
 
 
 def _slow_on_rank0(completions: list[str]) -> list[float]:
