@@ -255,6 +255,8 @@ class Binder:
         self.exclude = _names("exclude", exclude) or frozenset()
         user_shared = _names("shared", shared) or frozenset()
         self.shared = user_shared | (TRL_SHARED - (self.include or frozenset()))
+        # the parameters a keyword column counts for by name (local_count): declared, and not shared
+        self._named = frozenset(k for k, kind in self.kinds.items() if kind in _BY_NAME) - self.shared
         clash = self.shared & (self.include or frozenset())
         if clash:
             raise ValueError(f"columns {sorted(clash)} are both shared and included; pick one")
@@ -317,14 +319,25 @@ class Binder:
         argument. As :meth:`bind`: a column only a never-read ``**kwargs`` receives counts only when the call
         has no other.
         """
-        shared, positional = self.shared, self._positional
-        for i, v in enumerate(args):
-            if (i >= len(positional) or positional[i] not in shared) and container_of(v) is not None:
-                return len(v)
-        readable, kinds, unread = self.readable, self.kinds, None
+        shared = self.shared
+        if args:
+            positional = self._positional
+            for i, v in enumerate(args):
+                if (i >= len(positional) or positional[i] not in shared) and container_of(v) is not None:
+                    return len(v)
+        named = self._named
+        for k, v in kwargs.items():  # TRL's calls: the first keyword is a named parameter's list
+            if k in named:
+                if type(v) is list or container_of(v) is not None:
+                    return len(v)
+                continue
+            break
+        else:
+            return None
+        readable, unread = self.readable, None
         for k, v in kwargs.items():
-            if k not in shared and (type(v) is list or container_of(v) is not None):  # TRL's columns: lists
-                if readable is None or k in readable or kinds.get(k) in _BY_NAME:
+            if k not in shared and (type(v) is list or container_of(v) is not None):
+                if k in named or readable is None or k in readable:
                     return len(v)
                 unread = len(v) if unread is None else unread
         return unread

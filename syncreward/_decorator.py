@@ -22,7 +22,7 @@ from ._batch import check_result
 from ._binding import Binder
 from ._call import Spec
 from ._identity import Identity, call_site, innermost, reward_target
-from ._lifecycle import call_async, call_sync, nested
+from ._lifecycle import SCORING, call_async, call_sync
 from ._modes import MODES
 from ._modes._base import GatherMode
 from ._modes._base import Mode as ModeImpl
@@ -30,7 +30,7 @@ from ._modes.group import GroupMode, reward_group
 from ._options import DEFAULT_TIMEOUT, MAX_TIMEOUT, GatherModeName, ModeName, Options
 from .backends import Backend
 from .backends._cache import note_job
-from .backends._resolve import BACKEND_NAMES, resolve_backend, unknown_backend_message
+from .backends._resolve import BACKEND_NAMES, resolver, unknown_backend_message
 
 __all__ = ["SyncedReward", "synced_reward", "synced_rewards"]
 
@@ -377,13 +377,14 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options, readers: Sequence[Any
         binder=binder,
         impl=impl,
     )
+    scoring, resolve = SCORING.get, resolver(backend, process_group)  # bound once: every call runs these
     if _is_async(func):
         async_func = cast(Callable[..., Awaitable[Any]], func)
 
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            if nested():  # inside a synced call the data is already global
+            if scoring():  # inside a synced call the data is already global
                 return await async_func(*args, **kwargs)
-            be = resolve_backend(backend, process_group)
+            be = resolve()
             if be.world_size == 1:  # checked as on several ranks, so a wrong result fails here too
                 return check_result(await async_func(*args, **kwargs), binder.local_count(args, kwargs), name)
             return await call_async(spec, be, args, kwargs, call_site(sys._getframe(1)))
@@ -392,11 +393,15 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options, readers: Sequence[Any
     else:
 
         def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-            if nested():  # inside a synced call the data is already global
+            if scoring():  # inside a synced call the data is already global
                 return func(*args, **kwargs)
-            be = resolve_backend(backend, process_group)
+            be = resolve()
             if be.world_size == 1:  # checked as on several ranks, so a wrong result fails here too
-                return check_result(func(*args, **kwargs), binder.local_count(args, kwargs), name)
+                result = func(*args, **kwargs)
+                n = binder.local_count(args, kwargs)
+                if type(result) is list and len(result) == n:  # check_result's common case, without its call
+                    return result
+                return check_result(result, n, name)
             return call_sync(spec, be, args, kwargs, call_site(sys._getframe(1)))
 
         wrapper = sync_wrapper

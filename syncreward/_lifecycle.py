@@ -50,23 +50,24 @@ from ._session import live_sessions, session_for
 from ._wire import INBOUND, OUTBOUND
 from .backends import Backend
 
-__all__ = ["call_async", "call_sync", "leave", "nested"]
+__all__ = ["SCORING", "call_async", "call_sync", "leave", "nested"]
 
-_SCORING: contextvars.ContextVar[bool] = contextvars.ContextVar("syncreward_scoring", default=False)
+SCORING: contextvars.ContextVar[bool] = contextvars.ContextVar("syncreward_scoring", default=False)
+"""True inside the body of a synced call, on the rank scoring it (:func:`nested`)."""
 
 
 def nested() -> bool:
     """Whether this code runs inside the body of a synced call (on the rank scoring it)."""
-    return _SCORING.get()
+    return SCORING.get()
 
 
 @contextmanager
 def _scoring() -> Iterator[None]:
-    token = _SCORING.set(True)
+    token = SCORING.set(True)
     try:
         yield
     finally:
-        _SCORING.reset(token)
+        SCORING.reset(token)
 
 
 class _Exchange(NamedTuple):

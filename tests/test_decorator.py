@@ -73,15 +73,20 @@ def test_single_process_calls_the_function_directly() -> None:
 def test_single_process_torch_job_is_a_direct_call(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
+    from syncreward.backends.local import LocalBackend
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(syncreward.testing.free_port()))
+    assert isinstance(resolve_backend("auto"), LocalBackend)  # (the check reads torch's record of its group)
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         backend = resolve_backend("auto")
-        assert backend.world_size == 1 and backend.rank == 0
+        assert backend.world_size == 1 and backend.rank == 0 and not isinstance(backend, LocalBackend)
         assert synced_reward(backend="torch")(reward)(["ab"], ["x"]) == [2.0]
     finally:
         dist.destroy_process_group()
+    assert isinstance(resolve_backend("auto"), LocalBackend)  # the job is gone: one process again
 
 
 @pytest.mark.parametrize(

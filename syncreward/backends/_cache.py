@@ -34,20 +34,36 @@ _lock = threading.Lock()
 _forked_from: int | None = None  # pid of the parent, when this process was forked from a distributed job
 
 
+_world: Any = None  # torch's record of its default group (``distributed_c10d._world``), once found
+
+
 def torch_active() -> bool:
     """Whether ``torch.distributed`` is initialised in this process (never imports torch).
 
-    ``dist.is_initialized()`` is ``GroupMember.WORLD is not None``, read here without its calls (this runs
-    on every single-process call); ``distributed_c10d`` is loaded exactly where ``torch.distributed`` is
-    loaded and available.
+    ``dist.is_initialized()`` is ``GroupMember.WORLD is not None``: two properties that read
+    ``distributed_c10d._world._default_pg``. This runs on every single-process call, so where torch keeps
+    that record it is read directly (found once); elsewhere ``GroupMember.WORLD`` is.
+    ``distributed_c10d`` is loaded exactly where ``torch.distributed`` is loaded and available.
     """
+    if _world is not None:
+        return _world._default_pg is not None
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     if c10d is None:
         return False
     member = getattr(c10d, "GroupMember", None)
     if member is None:  # pragma: no cover - a torch that keeps its default group elsewhere
         return bool(c10d.is_initialized())
-    return member.WORLD is not None
+    active = member.WORLD is not None
+    _find_world(c10d, active)
+    return active
+
+
+def _find_world(c10d: Any, active: bool) -> None:
+    """Keep ``c10d._world`` where its ``_default_pg`` says what ``GroupMember.WORLD`` says (torch >= 2.0)."""
+    global _world
+    world = getattr(c10d, "_world", None)
+    if "_default_pg" in getattr(world, "__dict__", {}) and (world._default_pg is not None) == active:  # type: ignore[union-attr]
+        _world = world
 
 
 def on_release(hook: Callable[[Any], None]) -> Callable[[Any], None]:

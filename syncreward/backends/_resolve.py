@@ -13,6 +13,7 @@ and :func:`as_thread_rank` (in it, ``"auto"`` resolves to the thread-rank's own 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -25,7 +26,14 @@ from ._cache import cached, torch_active
 from ._protocol import Backend
 from .local import LocalBackend
 
-__all__ = ["BACKEND_NAMES", "as_thread_rank", "resolve_backend", "thread_ranks", "unknown_backend_message"]
+__all__ = [
+    "BACKEND_NAMES",
+    "as_thread_rank",
+    "resolve_backend",
+    "resolver",
+    "thread_ranks",
+    "unknown_backend_message",
+]
 
 _LOCAL = LocalBackend()
 
@@ -228,3 +236,15 @@ def resolve_backend(spec: str | Backend, process_group: Any = None) -> Backend:
     if factory is None:
         raise BackendError(unknown_backend_message(spec))
     return factory(process_group)
+
+
+def resolver(spec: str | Backend, process_group: Any = None) -> Callable[[], Backend]:
+    """What :func:`resolve_backend` does for these options, as a callable made once (at decoration).
+
+    A registered name goes straight to its factory (a single-process call pays for no dispatch); a
+    backend object still goes through :func:`resolve_backend`, which checks it on its first call.
+    """
+    factory = _FACTORIES.get(spec) if isinstance(spec, str) else None
+    if factory is None:
+        return functools.partial(resolve_backend, spec, process_group)
+    return functools.partial(factory, process_group)
