@@ -47,6 +47,7 @@ from ._wire import (
     FAILED,
     HEADER_BYTES,
     INBOUND,
+    NO_DROPS,
     OK,
     OUTBOUND,
     V_FAILED,
@@ -494,7 +495,7 @@ class Link:
                     droppable=droppable,
                 )
             )  # fmt: skip
-        headers = Headers.gather(got, range(0, w * size, size))
+        headers = Headers.blocks(got, w, size)
         verdict, text = verdict_of(headers)
         frames: dict[int, Any] = {}
         if verdict in (V_OK, V_FAILED, V_MISMATCH, V_SHARED):  # sizes to be believed: receive what was sent
@@ -519,7 +520,7 @@ class Link:
             Inbound(
                 headers, counts, offsets(counts), dropped, frames, all_prove=ok and all(headers.mode_words),
                 gathered=True, verdict=verdict, text=text, error=error, seq=seq, next_block=announced,
-                drops=drop_words(headers.masks) if ok else (),
+                drops=(drop_words(headers.masks) if headers.any_dropped else NO_DROPS) if ok else (),
             )
         )  # fmt: skip
 
@@ -633,12 +634,12 @@ def _send_results(
     room = cap - ResultChunk.HEADER
     overflow = any(len(body) > room for body in bodies.values())
     flags = F_ALL_PROVE if gathered and inbound.all_prove else 0
-    drops = inbound.drops if gathered and inbound.drops else ResultChunk.drops
-    send = bytearray()
-    for r in range(w):  # the root's own block is all zeros: a scatter sends every rank one block
+    drops = inbound.drops if gathered and inbound.drops else NO_DROPS
+    send = bytearray(w * cap)
+    for r in range(w):  # the root's own block is a header and no body: a scatter sends every rank one block
         body = bodies.get(r, b"")
         chunk = ResultChunk(status, overflow, nxt, len(body), fp, seq, verdict, inbound.next_block, flags, drops)
-        send += chunk.pack(body, cap)
+        chunk.pack_into(send, r * cap, body, cap)
     checks = _blocks_exchange(link, send, cap, record, root, blob)[1]
     if overflow:
         tails = [bodies[r][room:] if r in bodies else b"" for r in range(w)]

@@ -152,8 +152,11 @@ def _score(fn: Callable[..., Any], request: _Score) -> Outcome[Any]:
         return settled
     assert isinstance(request.inputs, Value)
     args, kwargs = request.inputs.value
-    with _scoring():
+    token = SCORING.set(True)  # (what _scoring() does, without a generator on every call)
+    try:
         return capture(fn, *args, **kwargs)
+    finally:
+        SCORING.reset(token)
 
 
 async def _score_async(fn: Callable[..., Awaitable[Any]], request: _Score) -> Outcome[Any]:

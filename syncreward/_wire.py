@@ -58,6 +58,7 @@ __all__ = [
     "Predictor",
     "ResultBlocks",
     "InboundBlocks",
+    "NO_DROPS",
     "ResultChunk",
     "dropped_names",
     "drop_mask",
@@ -76,6 +77,7 @@ H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_MODE_WORD, H_SHARED, H_
 DROP_WORDS = 4
 HEADER_LEN = H_DROP + DROP_WORDS
 DROP_BITS = 63 * DROP_WORDS
+NO_DROPS = (0,) * DROP_WORDS  # the drop words of calls that left nothing behind
 MAX_EXACT_DROPS = DROP_BITS
 OK, FAILED = 0, 1
 NO_STEP = -1
@@ -181,6 +183,18 @@ class Headers:
         """The headers at byte offsets ``starts`` of a received buffer (one copy, whatever the world size)."""
         at = np.asarray(starts, dtype=np.intp)[:, None] + _HEADER_RANGE
         return cls(buf[at].view(np.int64))
+
+    @classmethod
+    def blocks(cls, buf: np.ndarray, world_size: int, size: int) -> Headers:
+        """The headers at the start of each of ``buf``'s ``world_size`` blocks of ``size`` bytes (a gather's)."""
+        if size % 8:  # (every block size is a multiple of 8: a view of the rows then needs no copy)
+            return cls.gather(buf, range(0, world_size * size, size))
+        return cls(buf[: world_size * size].reshape(world_size, size)[:, :HEADER_BYTES].view(np.int64))
+
+    @property
+    def words(self) -> list[list[int]]:
+        """The header table by column: ``words[H_SIZE][r]`` is rank ``r``'s payload size (read only)."""
+        return self._words
 
     @property
     def versions(self) -> set[int]:
@@ -372,7 +386,7 @@ V_OK, V_FAILED, V_MISMATCH, V_SHARED, V_VERSION, V_UNREADABLE = range(6)
 F_ALL_PROVE = 1  # a chunk flag: every rank's mode word was non-zero (a reward group's miss: columns prove identity)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs a call per field
 class ResultChunk:
     """The block the scoring rank sends each rank in ``main`` mode: a chunk header, then the body.
 
@@ -397,12 +411,21 @@ class ResultChunk:
     verdict: int = V_OK
     next_block: int = 0
     flags: int = 0
-    drops: tuple[int, ...] = (0,) * DROP_WORDS
+    drops: tuple[int, ...] = NO_DROPS
 
     HEADER = _CHUNK.size
 
     def pack(self, body: bytes | bytearray, capacity: int) -> bytes:
-        head = _CHUNK.pack(
+        """The ``capacity``-byte block: the chunk header, the start of ``body``, zeros."""
+        block = bytearray(capacity)
+        self.pack_into(block, 0, body, capacity)
+        return bytes(block)
+
+    def pack_into(self, buf: bytearray, at: int, body: bytes | bytearray, capacity: int) -> None:
+        """Write the block at byte ``at`` of ``buf`` (whose ``capacity`` bytes there are zeros)."""
+        _CHUNK.pack_into(
+            buf,
+            at,
             self.status,
             self.overflow,
             self.verdict,
@@ -414,8 +437,9 @@ class ResultChunk:
             self.seq,
             *self.drops,
         )
-        chunk = head + bytes(body[: capacity - self.HEADER])
-        return chunk + bytes(capacity - len(chunk))
+        take = min(len(body), capacity - _CHUNK.size)
+        if take:
+            buf[at + _CHUNK.size : at + _CHUNK.size + take] = memoryview(body)[:take]
 
     @classmethod
     def unpack(cls, buf: bytes | memoryview) -> ResultChunk:
@@ -428,6 +452,22 @@ def verdict_of(headers: Headers) -> tuple[int, str]:
 
     For ``V_VERSION`` and ``V_UNREADABLE`` the text is the message every rank raises.
     """
+    w = headers.words
+    if (
+        min(w[H_VERSION]) == max(w[H_VERSION]) == VERSION
+        and not any(w[H_STATUS])
+        and min(w[H_SEQ]) == max(w[H_SEQ])
+        and min(w[H_FP]) == max(w[H_FP])
+        and min(w[H_STEP]) == max(w[H_STEP])
+        and min(w[H_SHARED]) == max(w[H_SHARED])
+        and min(w[H_N]) >= 0
+        and min(w[H_SIZE]) >= 0
+        and min(w[H_MODE_WORD]) >= 0
+        and max(w[H_N]) <= MAX_FIELD
+        and max(w[H_SIZE]) <= MAX_FIELD
+        and max(w[H_MODE_WORD]) <= MAX_FIELD
+    ):
+        return V_OK, ""  # (every call's case, in one pass over the header lists; the checks below say why not)
     if headers.versions != {VERSION}:
         return V_VERSION, (
             f"ranks run different syncreward wire versions ({sorted(hex(v) for v in headers.versions)}). "

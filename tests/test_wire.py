@@ -261,12 +261,31 @@ def test_result_chunk_carries_the_verdict_next_inbound_block_flags_and_drops() -
     assert ResultChunk.unpack(packed) == chunk
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 5])
+def test_headers_of_a_gather_are_read_from_the_start_of_its_equal_blocks(world_size: int) -> None:
+    size = _wire.HEADER_BYTES + 48
+    buf = np.zeros(world_size * size, dtype=np.uint8)
+    for r in range(world_size):
+        row = pack_header(seq=3, status=OK, fp=9, step=NO_STEP, n=r, size=40 + r, mode_word=0, mask=[0, r, 0, 0])
+        buf[r * size : r * size + len(row)] = np.frombuffer(row, dtype=np.uint8)
+        buf[r * size + len(row) : (r + 1) * size] = 255  # the payload's start: never read as a header
+    got = Headers.blocks(buf, world_size, size)
+    want = Headers.gather(buf, range(0, world_size * size, size))
+    assert got.rows.tolist() == want.rows.tolist()
+    assert got.counts == list(range(world_size)) and got.sizes == [40 + r for r in range(world_size)]
+    odd = Headers.blocks(buf[: world_size * (size - 4)], world_size, size - 4)  # not a multiple of 8: copied
+    assert odd.rows.shape == (world_size, _wire.HEADER_LEN)
+
+
 def test_verdict_of_the_headers_root_alone_read() -> None:
     """What root decides from the gathered headers, in the order the all_to_all inbound checked them."""
     assert verdict_of(headers({}, {})) == (V_OK, "")
     assert verdict_of(headers({}, {"status": FAILED, "size": 50}))[0] == V_FAILED
     assert verdict_of(headers({}, {"fp": 8}))[0] == V_MISMATCH
     assert verdict_of(headers({}, {"seq": 1}))[0] == V_MISMATCH
+    assert verdict_of(headers({}, {"step": 4}))[0] == V_MISMATCH
+    assert verdict_of(headers({}, {"size": _wire.MAX_FIELD + 1}))[0] == V_UNREADABLE
+    assert verdict_of(headers({"mode_word": -2}, {}))[0] == V_UNREADABLE
     assert verdict_of(headers({}, {"shared": 3}))[0] == V_SHARED
     assert verdict_of(headers({"status": FAILED}, {"fp": 8}))[0] == V_FAILED  # a failure first: its error is the cause
     kind, text = verdict_of(headers({}, {"n": -1}))
