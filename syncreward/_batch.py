@@ -323,7 +323,7 @@ class RowLogs(Protocol):
     def rows(self, rows: slice) -> list[Any]: ...
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)  # never changed after it is made (not frozen: made on every call)
 class Split:
     """A function's result, checked and cut into the slices of the ranks that own its rows (:func:`split_result`)."""
 

@@ -91,7 +91,7 @@ class Payload:
     dropped: tuple[str, ...] = ()  # the ``**kwargs`` columns this rank leaves behind (non-plain data)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)  # never changed, but not frozen: a frozen __init__ costs a call per field, every call
 class Call:
     """One synced call on this rank, as prepared before its turn: never changed afterwards.
 

@@ -134,7 +134,7 @@ class Sized(NamedTuple):
     extra: np.ndarray  # every rank's extra numbers, rows in rank order
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, slots=True)  # a record never changed (frozen would cost a call per field at each link)
 class Link:
     """One call's transfers on one channel: every collective a mode needs, with the call's context bound.
 
@@ -507,7 +507,7 @@ class Link:
                 part = got[at : at + min(sizes[s], room)]
                 if sizes[s] > room:
                     rest = gathering.recv(sizes[s] - room, s, channel=self.channel, timeout=self.deadline.left())
-                    frames[s] = part.tobytes() + rest.tobytes()
+                    frames[s] = np.concatenate((part, rest))  # (one copy of the payload)
                 else:
                     frames[s] = part
         ok = verdict == V_OK

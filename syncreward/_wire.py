@@ -160,6 +160,7 @@ def pack_header(
 HEADER_BYTES = HEADER_LEN * 8
 _HEADER = struct.Struct(f"<{HEADER_LEN}q")  # what np.asarray(words, dtype=np.int64).tobytes() writes, in one call
 _HEADER_RANGE = np.arange(HEADER_BYTES, dtype=np.intp)
+_UNPACKED_HEADERS = 8  # up to this many gathered headers are read with struct (cheaper than one array's set-up)
 
 
 class Headers:
@@ -170,13 +171,20 @@ class Headers:
     arrays; the ones read several times a call are computed once.
     """
 
-    __slots__ = ("_agree", "_failed", "_words", "rows")
+    __slots__ = ("_agree", "_failed", "_rows", "_words")
 
-    def __init__(self, rows: np.ndarray) -> None:
-        self.rows = rows  # (world_size, HEADER_LEN) int64
-        self._words: list[list[int]] = rows.T.tolist()
+    def __init__(self, rows: np.ndarray | None, words: list[list[int]] | None = None) -> None:
+        self._rows = rows  # (world_size, HEADER_LEN) int64; made from ``words`` where first needed
+        self._words: list[list[int]] = rows.T.tolist() if words is None else words  # type: ignore[union-attr]
         self._agree: bool | None = None
         self._failed: list[int] | None = None
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The table, one row per rank."""
+        if self._rows is None:
+            self._rows = np.asarray(self._words, dtype=np.int64).T.copy()
+        return self._rows
 
     @classmethod
     def gather(cls, buf: np.ndarray, starts: Sequence[int]) -> Headers:
@@ -187,6 +195,9 @@ class Headers:
     @classmethod
     def blocks(cls, buf: np.ndarray, world_size: int, size: int) -> Headers:
         """The headers at the start of each of ``buf``'s ``world_size`` blocks of ``size`` bytes (a gather's)."""
+        if world_size <= _UNPACKED_HEADERS:  # a few headers: unpacked one by one, no array made
+            rows = [_HEADER.unpack_from(buf, r * size) for r in range(world_size)]
+            return cls(None, [list(column) for column in zip(*rows, strict=True)])
         if size % 8:  # (every block size is a multiple of 8: a view of the rows then needs no copy)
             return cls.gather(buf, range(0, world_size * size, size))
         return cls(buf[: world_size * size].reshape(world_size, size)[:, :HEADER_BYTES].view(np.int64))
@@ -496,12 +507,21 @@ BLOCK_PAYLOAD = 256  # the payload bytes of an inbound block before anything was
 BASE_BLOCK = HEADER_BYTES + BLOCK_PAYLOAD
 BLOCK_WINDOW = 16  # an inbound block fits the largest payload of the last 16 gathered calls
 BLOCK_LAG = 8  # the size a call announces is used from the call 8 gathered calls later
+# A block holds at most 256 KiB of payload; a larger payload sends its rest point to point, straight into a
+# buffer of its size. torch's gloo gather receives every block into a flat buffer of its own, then copies
+# each into the output: the scoring rank moves every block twice, its own (header-only) block included,
+# through freshly allocated memory. At W=4 with ~2 MiB per rank that made main 5-13 % slower than the
+# all_to_all inbound it replaced; with the cap, on par or faster (docs/performance.md).
+MAX_BLOCK_PAYLOAD = 256 << 10
 
 
 def block_for(sizes: Sequence[int]) -> int:
-    """The inbound block that fits every one of ``sizes`` (payloads, or error reports) with the eager headroom."""
+    """The inbound block that fits every one of ``sizes`` (payloads, or error reports) with the eager headroom.
+
+    At most ``MAX_BLOCK_PAYLOAD`` bytes of payload: a larger payload sends the rest point to point.
+    """
     largest = max((int(s) for s in sizes), default=0)
-    room = min(MAX_EAGER, round8(int(max(largest, 0) * EAGER_MARGIN)))
+    room = min(MAX_BLOCK_PAYLOAD, round8(int(max(largest, 0) * EAGER_MARGIN)))
     return HEADER_BYTES + max(room, 64)
 
 
@@ -518,10 +538,14 @@ def bounded_block(sizes: Sequence[int]) -> int:
     within about ``BLOCK_SKEW`` times the batch instead of W times its largest part. A rank that sends
     nothing (the scoring rank itself) does not count.
     """
-    needs = sorted(block_for([s]) for s in sizes if int(s) > 0)
+    needs = sorted(
+        [HEADER_BYTES + max(min(MAX_BLOCK_PAYLOAD, round8(int(s * EAGER_MARGIN))), 64) for s in sizes if s > 0]
+    )
     if not needs:
         return block_for(())
     budget = BLOCK_SKEW * sum(needs)
+    if len(needs) * needs[-1] <= budget:  # (most calls: the ranks are not skewed, the largest need fits)
+        return needs[-1]
     fits = [n for n in needs if len(needs) * n <= budget]
     return fits[-1] if fits else needs[0]
 

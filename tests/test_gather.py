@@ -93,3 +93,31 @@ def test_main_result_block_size_is_kept_by_the_session() -> None:
     (before, after), *others = run_threads(_result_block_sizes, 2)
     assert others == [(before, after)]
     assert after > before
+
+
+def _large_payloads(rank: int, world_size: int) -> tuple[list[list[int]], int | None]:
+    from syncreward._wire import BLOCK_LAG
+
+    @syncreward.synced_reward
+    def lengths(completions: list[str], **kwargs: Any) -> list[int]:
+        return [len(c) for c in completions]
+
+    got = []
+    for call in range(BLOCK_LAG + 4):  # past the calls that use the first, small block
+        text = chr(ord("a") + rank) * (300_000 + 1000 * call)  # more than a block holds
+        got.append(lengths([text, text[:5]]))
+    backend = syncreward.resolve_backend("auto")
+    blocks = session_for(backend, "lengths").inbound_blocks
+    return got, blocks.size(blocks.gathered(10_000))
+
+
+def test_main_payload_larger_than_a_block_sends_its_rest_point_to_point_whole() -> None:
+    """A block holds at most MAX_BLOCK_PAYLOAD bytes of payload, however large the payloads (torch's gloo gather
+    copies every block twice on the scoring rank): every call's rest goes point to point, and arrives whole."""
+    from syncreward._wire import HEADER_BYTES, MAX_BLOCK_PAYLOAD
+
+    results = run_threads(_large_payloads, 2)
+    for rank, (got, _) in enumerate(results):
+        want = [[300_000 + 1000 * call, 5] for call in range(len(got))]
+        assert got == want, rank
+    assert {size for _, size in results} == {HEADER_BYTES + MAX_BLOCK_PAYLOAD}

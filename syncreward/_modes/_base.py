@@ -82,7 +82,7 @@ class ModeOption:
     column: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)  # never changed after it is made (not frozen: made on every call)
 class Scoring:
     """What the call's inputs turn gave this rank: whether it scores, and with which arguments.
 
@@ -150,7 +150,7 @@ def results_turn(mode: Hooks, call: Call, scoring: Any, result: Outcome[Any]) ->
     return lost(call, got.error) if isinstance(got, LocalError) else got
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class GatherScoring(Scoring):
     """A gathering mode's scoring: the inbound it came from, and whether an earlier call's gather served it."""
 

@@ -100,7 +100,7 @@ class _Shard:
         return cls(local, share, world_size)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class ShardScoring(Scoring):
     """Shard mode's scoring: the call's routing, which its outbound exchange follows back."""
 
