@@ -144,7 +144,7 @@ PHASES = {
 }
 GOAL_MAIN_VS_HANDROLLED = 0.25
 GOAL_MAIN_VS_RAW = 2.0
-GOAL_OVERHEAD_NS = 3000
+GOAL_OVERHEAD_NS = 1500
 GOAL_RECV_RATIO = 1.25
 GOAL_SHARD_SPEEDUP = 3.2
 
@@ -219,8 +219,12 @@ def _drive(coro: Any) -> Any:
     raise RuntimeError("the coroutine suspended")  # pragma: no cover
 
 
-def single_process_overhead(number: int, repeat: int) -> dict[str, Any]:
-    """ns per call of a synced function in one process (backend resolves to local) vs the direct call."""
+def single_process_overhead(number: int, repeat: int, old_package: str | None = None) -> dict[str, Any]:
+    """ns per call of a synced function in one process (backend resolves to local) vs the direct call.
+
+    ``old_package``: a directory holding ``syncreward_old`` (``--ab``): its synced calls are timed in the
+    same interleaved repeats.
+    """
     from syncreward import synced_reward
 
     assert os.environ.get("WORLD_SIZE", "1") == "1"
@@ -238,6 +242,12 @@ def single_process_overhead(number: int, repeat: int) -> dict[str, Any]:
         "synced (backend local)": synced_reward(backend="local")(_tiny),
     }
     afns = {"async direct": _atiny, "async synced (backend auto)": synced_reward(_atiny)}
+    if old_package is not None:
+        sys.path.insert(0, old_package)
+        from syncreward_old import synced_reward as synced_old
+
+        fns["old synced (backend auto)"] = synced_old(_tiny)
+        fns["old synced (backend local)"] = synced_old(backend="local")(_tiny)
     timers = {name: timeit.Timer(lambda f=f: f(**kw)) for name, f in fns.items()}
     timers.update({name: timeit.Timer(lambda f=f: _drive(f(**kw))) for name, f in afns.items()})
     best = {name: float("inf") for name in timers}
@@ -248,6 +258,9 @@ def single_process_overhead(number: int, repeat: int) -> dict[str, Any]:
     out["overhead_ns"] = best["synced (backend auto)"] - best["direct"]
     out["overhead_local_ns"] = best["synced (backend local)"] - best["direct"]
     out["async_overhead_ns"] = best["async synced (backend auto)"] - best["async direct"]
+    if old_package is not None:
+        out["old_overhead_ns"] = best["old synced (backend auto)"] - best["direct"]
+        out["old_overhead_local_ns"] = best["old synced (backend local)"] - best["direct"]
     return out
 
 
@@ -357,7 +370,7 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     if ov:
         rows.append(
             {
-                "goal": "single process overhead <= 3 us/call",
+                "goal": "single process overhead <= 1.5 us/call",
                 "value": f"{ov['overhead_ns']:.0f} ns",
                 "ok": ov["overhead_ns"] <= GOAL_OVERHEAD_NS,
             }
@@ -515,6 +528,11 @@ def text_report(results: dict[str, Any]) -> str:
             f"  overhead synced-direct: {ov['overhead_ns']:.0f} ns (backend auto), "
             f"{ov['overhead_local_ns']:.0f} ns (backend local), async {ov['async_overhead_ns']:.0f} ns"
         )
+        if "old_overhead_ns" in ov:
+            out.append(
+                f"  old package (--ab): {ov['old_overhead_ns']:.0f} ns (backend auto), "
+                f"{ov['old_overhead_local_ns']:.0f} ns (backend local)"
+            )
     for ws, res in sorted(results["world_sizes"].items(), key=lambda kv: int(kv[0])):
         for payload, p in res["payloads"].items():
             out.append(
@@ -796,7 +814,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         tune_malloc()
     if args.overhead_number:
-        results["overhead"] = single_process_overhead(args.overhead_number, args.overhead_repeat)
+        old = _package_at(args.ab) if args.ab else None
+        results["overhead"] = single_process_overhead(args.overhead_number, args.overhead_repeat, old)
         results["codec"] = codec_costs([p for p in args.payloads if p != "skewed"])
     cfg = {
         "payloads": args.payloads,
