@@ -68,7 +68,7 @@ from ._wire import (
     split,
     verdict_of,
 )
-from .backends._protocol import Gathers, gathers, scatters
+from .backends._protocol import Gathers, gathers, receives_many, scatters
 
 __all__ = [
     "INBOUND",
@@ -459,10 +459,11 @@ class Link:
     ) -> Value[Inbound]:
         """``main``'s inbound on a gathering backend: every rank's header and payload to ``root``, and nothing back.
 
-        One ``gather`` of one B-byte block per rank (header, then the start of the payload or of this rank's
-        error report; B: :class:`~syncreward._wire.InboundBlocks`, the same on every rank); a rank whose
-        payload is larger sends the rest to ``root`` point to point, and ``root`` receives it from each such
-        rank, in rank order. Only ``root`` reads the headers: it decides the verdict (``_wire.verdict_of``)
+        One ``gather`` of one B-byte block per rank (header, then the payload or this rank's error report
+        where it fits; B: :class:`~syncreward._wire.InboundBlocks`, the same on every rank); a rank whose
+        payload does not fit sends all of it to ``root`` point to point, and ``root`` receives it, from each
+        such rank in rank order, into a buffer of its size. Only ``root`` reads the headers: it decides the
+        verdict (``_wire.verdict_of``)
         and announces the next block size, and the call's result block carries both to every rank
         (:func:`exchange_results`), so this never fails on its own -- every rank raises together there.
         """
@@ -483,11 +484,12 @@ class Link:
                 )
         body = np.frombuffer(blob if error is not None else payload, dtype=np.uint8)
         room = size - HEADER_BYTES
-        block = _gather_block(header, body, size)
+        fits = body.size <= room
+        block = _gather_block(header, body if fits else body[:0], size)
         got = gathering.gather(block, size, root=root, channel=self.channel, timeout=self.deadline.left())
         if me != root:
-            if body.size > room:
-                gathering.send(body[room:], root, channel=self.channel, timeout=self.deadline.left())
+            if not fits:  # all of it, point to point: root receives it whole, with no copy to join parts
+                gathering.send(body, root, channel=self.channel, timeout=self.deadline.left())
             counts = [n if r == me else 0 for r in range(w)]
             return Value(
                 Inbound(
@@ -500,16 +502,12 @@ class Link:
         frames: dict[int, Any] = {}
         if verdict in (V_OK, V_FAILED, V_MISMATCH, V_SHARED):  # sizes to be believed: receive what was sent
             sizes = headers.sizes
+            whole = {s: sizes[s] for s in range(w) if s != root and sizes[s] > room}  # sent point to point
+            received = self._receive(whole) if whole else {}
             for s in range(w):
-                if s == root:
-                    continue
-                at = s * size + HEADER_BYTES
-                part = got[at : at + min(sizes[s], room)]
-                if sizes[s] > room:
-                    rest = gathering.recv(sizes[s] - room, s, channel=self.channel, timeout=self.deadline.left())
-                    frames[s] = np.concatenate((part, rest))  # (one copy of the payload)
-                else:
-                    frames[s] = part
+                if s != root:
+                    at = s * size + HEADER_BYTES
+                    frames[s] = received[s] if s in whole else got[at : at + sizes[s]]
         ok = verdict == V_OK
         announced = blocks.announce(seq, headers.sizes if ok else None)
         counts = headers.counts
@@ -523,6 +521,16 @@ class Link:
                 drops=(drop_words(headers.masks) if headers.any_dropped else NO_DROPS) if ok else (),
             )
         )  # fmt: skip
+
+    def _receive(self, sizes: dict[int, int]) -> dict[int, np.ndarray]:
+        """``sizes[src]`` bytes from each rank ``src``, sent point to point: at once where the backend can."""
+        backend, channel = self.session.backend, self.channel
+        many = receives_many(backend)
+        if many is not None:
+            return many.recv_many(sizes, channel=channel, timeout=self.deadline.left())
+        one = gathers(backend)
+        assert one is not None
+        return {s: one.recv(n, s, channel=channel, timeout=self.deadline.left()) for s, n in sizes.items()}
 
 
 def _gather_block(header: bytes, body: np.ndarray, size: int) -> np.ndarray:

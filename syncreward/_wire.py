@@ -72,7 +72,7 @@ __all__ = [
     "split",
 ]
 
-VERSION = 0x5352_0007  # the first header word: ranks that run another version raise (each version: CHANGELOG.md)
+VERSION = 0x5352_0008  # the first header word: ranks that run another version raise (each version: CHANGELOG.md)
 H_VERSION, H_SEQ, H_STATUS, H_FP, H_STEP, H_N, H_SIZE, H_MODE_WORD, H_SHARED, H_DROP = range(10)
 DROP_WORDS = 4
 HEADER_LEN = H_DROP + DROP_WORDS
@@ -196,7 +196,8 @@ class Headers:
     def blocks(cls, buf: np.ndarray, world_size: int, size: int) -> Headers:
         """The headers at the start of each of ``buf``'s ``world_size`` blocks of ``size`` bytes (a gather's)."""
         if world_size <= _UNPACKED_HEADERS:  # a few headers: unpacked one by one, no array made
-            rows = [_HEADER.unpack_from(buf, r * size) for r in range(world_size)]
+            view = memoryview(buf)  # type: ignore[arg-type]  # (a uint8 array: a buffer)
+            rows = [_HEADER.unpack_from(view, r * size) for r in range(world_size)]
             return cls(None, [list(column) for column in zip(*rows, strict=True)])
         if size % 8:  # (every block size is a multiple of 8: a view of the rows then needs no copy)
             return cls.gather(buf, range(0, world_size * size, size))
@@ -507,22 +508,30 @@ BLOCK_PAYLOAD = 256  # the payload bytes of an inbound block before anything was
 BASE_BLOCK = HEADER_BYTES + BLOCK_PAYLOAD
 BLOCK_WINDOW = 16  # an inbound block fits the largest payload of the last 16 gathered calls
 BLOCK_LAG = 8  # the size a call announces is used from the call 8 gathered calls later
-# A block holds at most 256 KiB of payload; a larger payload sends its rest point to point, straight into a
-# buffer of its size. torch's gloo gather receives every block into a flat buffer of its own, then copies
-# each into the output: the scoring rank moves every block twice, its own (header-only) block included,
-# through freshly allocated memory. At W=4 with ~2 MiB per rank that made main 5-13 % slower than the
-# all_to_all inbound it replaced; with the cap, on par or faster (docs/performance.md).
+# A block holds at most 256 KiB of payload; a larger payload goes whole point to point, straight into a
+# buffer of its size, and needs no room in the block. torch's gloo gather receives every block into a flat
+# buffer of its own, then copies each into the output: the scoring rank moves every block twice, its own
+# (header-only) block included, through freshly allocated memory. At W=4 with ~2 MiB per rank, blocks
+# sized for those payloads made main 5-13 % slower than the all_to_all inbound it replaced.
 MAX_BLOCK_PAYLOAD = 256 << 10
+
+
+def block_need(size: int) -> int:
+    """The block a payload (or error report) of ``size`` bytes needs.
+
+    It fits with the eager headroom, or it goes point to point (more than ``MAX_BLOCK_PAYLOAD`` with the
+    headroom) and needs the header only.
+    """
+    room = round8(int(max(size, 0) * EAGER_MARGIN))
+    return HEADER_BYTES + (max(room, 64) if room <= MAX_BLOCK_PAYLOAD else 64)
 
 
 def block_for(sizes: Sequence[int]) -> int:
     """The inbound block that fits every one of ``sizes`` (payloads, or error reports) with the eager headroom.
 
-    At most ``MAX_BLOCK_PAYLOAD`` bytes of payload: a larger payload sends the rest point to point.
+    A payload larger than ``MAX_BLOCK_PAYLOAD`` (with the headroom) goes point to point: it needs the header only.
     """
-    largest = max((int(s) for s in sizes), default=0)
-    room = min(MAX_BLOCK_PAYLOAD, round8(int(max(largest, 0) * EAGER_MARGIN)))
-    return HEADER_BYTES + max(room, 64)
+    return max((block_need(int(s)) for s in sizes), default=HEADER_BYTES + 64)
 
 
 BLOCK_SKEW = 1.5  # the blocks of a gather hold at most 1.5x what the ranks that send need in all
@@ -538,9 +547,7 @@ def bounded_block(sizes: Sequence[int]) -> int:
     within about ``BLOCK_SKEW`` times the batch instead of W times its largest part. A rank that sends
     nothing (the scoring rank itself) does not count.
     """
-    needs = sorted(
-        [HEADER_BYTES + max(min(MAX_BLOCK_PAYLOAD, round8(int(s * EAGER_MARGIN))), 64) for s in sizes if s > 0]
-    )
+    needs = sorted([block_need(s) for s in sizes if s > 0])
     if not needs:
         return block_for(())
     budget = BLOCK_SKEW * sum(needs)

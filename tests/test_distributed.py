@@ -61,7 +61,9 @@ def batch_reward(completions, completion_ids, solution, mixed, feats, arr, **kwa
         if mixed[i] is None and i % 2:
             out.append(None)  # TRL allows None
         else:
-            out.append(len(completions[i]) - mean_len + sum(completion_ids[i]) / 1000 + float(feats[i].sum()) + int(arr[i]) + n)
+            out.append(
+                len(completions[i]) - mean_len + sum(completion_ids[i]) / 1000 + float(feats[i].sum()) + int(arr[i]) + n
+            )
     return out
 
 
@@ -129,8 +131,14 @@ def correctness_body(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     # positional and keyword, TRL-style extra kwargs that are shared
     out["main"] = main_batch(
-        b["completions"], completion_ids=b["completion_ids"], solution=b["solution"], mixed=b["mixed"],
-        feats=b["feats"], arr=b["arr"], trainer_state={"step": 1}, log_extra=print,
+        b["completions"],
+        completion_ids=b["completion_ids"],
+        solution=b["solution"],
+        mixed=b["mixed"],
+        feats=b["feats"],
+        arr=b["arr"],
+        trainer_state={"step": 1},
+        log_extra=print,
     )
     out["replicate"] = replicate_batch(**b)
     out["main_dict"] = main_dict(b["completions"], b["feats"])
@@ -140,11 +148,13 @@ def correctness_body(rank: int, world_size: int) -> dict[str, Any]:
         # Two synced async rewards on one event loop, as TRL runs them; different delays per rank
         # so their function bodies finish in different orders on different ranks.
         d = 0.05 * ((rank + 1) % 2)
-        return list(await asyncio.gather(
-            main_async(b["completions"], b["solution"], delay=d),
-            main_async_other(completions=b["completions"], delay=0.05 - d),
-            replicate_async(b["completions"], b["solution"]),
-        ))
+        return list(
+            await asyncio.gather(
+                main_async(b["completions"], b["solution"], delay=d),
+                main_async_other(completions=b["completions"], delay=0.05 - d),
+                replicate_async(b["completions"], b["solution"]),
+            )
+        )
 
     out["async"] = asyncio.run(both())
     n = len(b["completions"])
@@ -269,11 +279,19 @@ def counting_body(rank: int, world_size: int) -> dict[str, Any]:
     """Count the collectives (and point-to-point transfers) each synced call issues, call by call."""
     backend = syncreward.resolve_backend("torch")
     counts = {"n": 0}
-    for name in ("all_gather", "all_to_all", "scatter", "gather", "send", "recv"):  # main: a gather, a scatter
+    for name in (
+        "all_gather",
+        "all_to_all",
+        "scatter",
+        "gather",
+        "send",
+        "recv",
+        "recv_many",
+    ):  # main: a gather, a scatter
         original = getattr(backend, name)
 
-        def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            counts["n"] += 1
+        def counted(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            counts["n"] += len(args[0]) if _name == "recv_many" else 1  # (its receives, one per sender)
             return _original(*args, **kwargs)
 
         setattr(backend, name, counted)
@@ -346,7 +364,10 @@ def _scatter_body(rank: int, world_size: int) -> dict[str, Any]:
 
     def per_sample(completions: list[str], **kwargs: Any) -> dict[str, list[Any]]:
         n = len(completions)
-        return {"score": [float(len(c) * n) for c in completions], "tag": [c[::-1] * (1 + i) for i, c in enumerate(completions)]}  # noqa: E501
+        return {
+            "score": [float(len(c) * n) for c in completions],
+            "tag": [c[::-1] * (1 + i) for i, c in enumerate(completions)],
+        }  # noqa: E501
 
     out: dict[str, Any] = {}
     for name, backend in (("scatter", torch_backend), ("all_to_all", _CollectivesOnly(torch_backend))):

@@ -304,8 +304,10 @@ def test_drop_words_are_the_or_of_every_rank_mask() -> None:
 def test_inbound_block_fits_the_largest_payload_with_headroom() -> None:
     assert block_for([0, 0]) == HEADER_BYTES + 64
     assert block_for([1000, 10]) == HEADER_BYTES + 1200
-    assert block_for([MAX_EAGER * 2]) == HEADER_BYTES + _wire.MAX_BLOCK_PAYLOAD  # the rest goes point to point
-    assert block_for([_wire.MAX_BLOCK_PAYLOAD]) == HEADER_BYTES + _wire.MAX_BLOCK_PAYLOAD
+    cap = _wire.MAX_BLOCK_PAYLOAD
+    assert block_for([cap * 5 // 6]) == HEADER_BYTES + cap  # fits with its headroom: at most the cap
+    assert block_for([cap]) == HEADER_BYTES + 64  # goes whole point to point: the header's block only
+    assert block_for([MAX_EAGER * 2, 1000]) == HEADER_BYTES + 1200
     assert block_for([]) == HEADER_BYTES + 64
 
 

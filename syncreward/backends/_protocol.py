@@ -1,15 +1,15 @@
 """The contract between syncreward and a transport: two collectives on byte buffers, optional extras.
 
 :class:`Backend` is what every transport implements. A transport may also offer any of the capabilities
-:class:`Scatters`, :class:`Gathers`, :class:`Abandons`, :class:`Aborts` and :class:`Releases`, each one method;
-syncreward asks :func:`scatters`, :func:`gathers`, :func:`abandons`, :func:`aborts` and :func:`releases` whether a
-backend has one: a method of the
+:class:`Scatters`, :class:`Gathers`, :class:`ReceivesMany`, :class:`Abandons`, :class:`Aborts` and
+:class:`Releases`, each one method (``Gathers``: three); syncreward asks :func:`scatters`, :func:`gathers`,
+:func:`receives_many`, :func:`abandons`, :func:`aborts` and :func:`releases` whether a backend has one: a method of the
 backend's class answers once per class; an object whose class has none is asked itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -19,11 +19,13 @@ __all__ = [
     "Aborts",
     "Backend",
     "Gathers",
+    "ReceivesMany",
     "Releases",
     "Scatters",
     "abandons",
     "aborts",
     "gathers",
+    "receives_many",
     "releases",
     "scatters",
 ]
@@ -46,8 +48,8 @@ class Backend(Protocol):
     ``syncreward.GroupBrokenError`` without touching it).
 
     A backend may also offer the optional capabilities below (:class:`Scatters`, :class:`Gathers`,
-    :class:`Abandons`, :class:`Aborts`, :class:`Releases`): one method each, found by its name and signature, no
-    base class needed.
+    :class:`ReceivesMany`, :class:`Abandons`, :class:`Aborts`, :class:`Releases`): found by their methods' names
+    and signatures, no base class needed.
 
     Example:
         A third-party backend needs no base class (this one is a group of one rank):
@@ -141,6 +143,22 @@ class Gathers(Protocol):
 
 
 @runtime_checkable
+class ReceivesMany(Protocol):
+    """A :class:`Gathers` backend whose point-to-point receives from several ranks can run at once.
+
+    ``main``'s scoring rank receives every payload too large for its gather block this way; without it,
+    with ``Gathers.recv``, one rank after another (each sender then waits for the ones before it).
+    """
+
+    def recv_many(self, sizes: Mapping[int, int], *, channel: int, timeout: float) -> dict[int, np.ndarray]:
+        """Receive exactly ``sizes[src]`` bytes from each rank ``src`` (each sent with ``send``), all at once.
+
+        Returns the received bytes by rank; ``timeout`` bounds the whole.
+        """
+        ...
+
+
+@runtime_checkable
 class Abandons(Protocol):
     """A backend whose exchanges can be made to return at once, so that no process's exit waits on a peer.
 
@@ -187,6 +205,7 @@ _capabilities: dict[tuple[type, type], bool] = {}  # (backend class, capability)
 _METHOD: dict[type, tuple[str, ...]] = {  # each one's methods
     Scatters: ("scatter",),
     Gathers: ("gather", "send", "recv"),
+    ReceivesMany: ("recv_many",),
     Abandons: ("abandon",),
     Aborts: ("abort",),
     Releases: ("release",),
@@ -218,6 +237,11 @@ def scatters(backend: object) -> Scatters | None:
 def gathers(backend: object) -> Gathers | None:
     """``backend`` if it has a :class:`Gathers` capability, else None."""
     return backend if _has(backend, Gathers) else None  # type: ignore[return-value]
+
+
+def receives_many(backend: object) -> ReceivesMany | None:
+    """``backend`` if it has a :class:`ReceivesMany` capability, else None."""
+    return backend if _has(backend, ReceivesMany) else None  # type: ignore[return-value]
 
 
 def abandons(backend: object) -> Abandons | None:

@@ -99,7 +99,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
@@ -865,6 +865,26 @@ class TorchDistributedBackend:
             self._fail(e, channel, self._ops[channel] + 1)
         self._wait_whole(work, channel, timeout)
         return out.numpy()
+
+    def recv_many(self, sizes: Mapping[int, int], *, channel: int, timeout: float) -> dict[int, np.ndarray]:
+        """Receive ``sizes[src]`` bytes from each rank ``src``: every receive posted first, then each waited on.
+
+        A gloo point-to-point send waits for its receive to be posted: posted one after another, each
+        sender would wait for the ones before it. ``timeout`` bounds the whole.
+        """
+        group = self._begin(channel, timeout)
+        end = time.monotonic() + timeout
+        outs: dict[int, torch.Tensor] = {}
+        works = []
+        for src, size in sizes.items():
+            out = outs[src] = torch.empty(size, dtype=torch.uint8, device=_CPU)
+            try:
+                works.append(group.recv([out], src, channel))
+            except RuntimeError as e:
+                self._fail(e, channel, self._ops[channel] + 1)
+        for work in works:
+            self._wait_whole(work, channel, end - time.monotonic())
+        return {src: out.numpy() for src, out in outs.items()}
 
     def _wait_whole(self, work: Any, channel: int, timeout: float) -> None:
         """Wait for a point-to-point ``work`` in one wait of ``timeout``; a failure in syncreward's words."""
