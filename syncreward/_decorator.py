@@ -22,7 +22,7 @@ from ._batch import check_result
 from ._binding import Binder
 from ._call import Spec
 from ._identity import Identity, call_site, innermost, reward_target
-from ._lifecycle import SCORING, call_async, call_sync
+from ._lifecycle import call_async, call_sync, nested
 from ._modes import MODES
 from ._modes._base import GatherMode
 from ._modes._base import Mode as ModeImpl
@@ -377,12 +377,14 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options, readers: Sequence[Any
         binder=binder,
         impl=impl,
     )
-    scoring, resolve = SCORING.get, resolver(backend, process_group)  # bound once: every call runs these
+    # made once: every call resolves its backend through it (a module function, and a partial of one: a
+    # synced function shipped by value, cloudpickled, still pickles)
+    resolve = resolver(backend, process_group)
     if _is_async(func):
         async_func = cast(Callable[..., Awaitable[Any]], func)
 
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            if scoring():  # inside a synced call the data is already global
+            if nested():  # inside a synced call the data is already global
                 return await async_func(*args, **kwargs)
             be = resolve()
             if be.world_size == 1:  # checked as on several ranks, so a wrong result fails here too
@@ -393,7 +395,7 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options, readers: Sequence[Any
     else:
 
         def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-            if scoring():  # inside a synced call the data is already global
+            if nested():  # inside a synced call the data is already global
                 return func(*args, **kwargs)
             be = resolve()
             if be.world_size == 1:  # checked as on several ranks, so a wrong result fails here too

@@ -50,24 +50,23 @@ from ._session import live_sessions, session_for
 from ._wire import INBOUND, OUTBOUND
 from .backends import Backend
 
-__all__ = ["SCORING", "call_async", "call_sync", "leave", "nested"]
+__all__ = ["call_async", "call_sync", "leave", "nested"]
 
-SCORING: contextvars.ContextVar[bool] = contextvars.ContextVar("syncreward_scoring", default=False)
-"""True inside the body of a synced call, on the rank scoring it (:func:`nested`)."""
+_SCORING: contextvars.ContextVar[bool] = contextvars.ContextVar("syncreward_scoring", default=False)
 
 
 def nested() -> bool:
     """Whether this code runs inside the body of a synced call (on the rank scoring it)."""
-    return SCORING.get()
+    return _SCORING.get()
 
 
 @contextmanager
 def _scoring() -> Iterator[None]:
-    token = SCORING.set(True)
+    token = _SCORING.set(True)
     try:
         yield
     finally:
-        SCORING.reset(token)
+        _SCORING.reset(token)
 
 
 class _Exchange(NamedTuple):
@@ -152,11 +151,11 @@ def _score(fn: Callable[..., Any], request: _Score) -> Outcome[Any]:
         return settled
     assert isinstance(request.inputs, Value)
     args, kwargs = request.inputs.value
-    token = SCORING.set(True)  # (what _scoring() does, without a generator on every call)
+    token = _SCORING.set(True)  # (what _scoring() does, without a generator on every call)
     try:
         return capture(fn, *args, **kwargs)
     finally:
-        SCORING.reset(token)
+        _SCORING.reset(token)
 
 
 async def _score_async(fn: Callable[..., Awaitable[Any]], request: _Score) -> Outcome[Any]:

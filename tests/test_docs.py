@@ -75,7 +75,7 @@ def test_collectives_per_call_are_counted_on_one_page() -> None:
     for page in pages:
         text = (ROOT / page).read_text()
         assert not re.search(r"\b\d+ collectives?\b|\(\d+ on (its|the) first call", text), page
-    assert "| … on a function's first call |" in (ROOT / "docs" / "performance.md").read_text()
+    assert "| … on a session's first calls, or with large inputs |" in (ROOT / "docs" / "performance.md").read_text()
 
 
 def test_api_reference_hides_private_parameters(site: Path) -> None:
