@@ -144,8 +144,8 @@ def _boundary_sweep(rank: int, world_size: int, length: int, seen: list[int]) ->
 
 
 def test_main_payloads_at_and_just_past_the_room_of_their_block_arrive_whole() -> None:
-    """A payload that fills its gather block exactly rides in it; 8 bytes more (frames grow by 8) go whole point to point: either way
-    the scoring rank reads every rank's payload whole (a fresh group's first calls: 256-byte blocks)."""
+    """A payload that fills its gather block exactly rides in it; 8 bytes more (frames grow by 8) go whole point to
+    point: either way the scoring rank reads every rank's payload whole (a new group's first calls: 256-byte blocks)."""
     import syncreward._exchange as exchange
 
     seen: list[int] = []
@@ -173,7 +173,7 @@ def _mixed_and_large_errors(rank: int, world_size: int) -> list[Any]:
         bad = call in (3, 10) and rank == world_size - 1  # its error report goes point to point
         try:
             out.append(lengths(["y" * (size + call)], solution=[_ODD()] if bad else ["s"]))
-        except Exception as e:  # noqa: BLE001  (what each rank raised is the result)
+        except Exception as e:  # (what each rank raised is the result)
             out.append((type(e).__name__, f"rank {world_size - 1}" in str(e), _ODD.__name__ in str(e)))
     return out
 
