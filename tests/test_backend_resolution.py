@@ -186,3 +186,31 @@ def test_backend_resolution_auto_in_one_process_is_local_only_where_nothing_dist
         assert backend is not _resolve._LOCAL
     finally:
         dist.destroy_process_group()
+
+
+def test_backend_resolution_follows_a_torch_world_replaced_after_the_first_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's record of its default group (``distributed_c10d._world``) is an "extension point to override" that
+    torch's own multi-threaded process group replaces: whether a job is initialised follows ``dist.is_initialized()``
+    whatever record is in place, even one swapped in after a single-process call read the first."""
+    from torch.distributed import distributed_c10d as c10d
+
+    from syncreward.backends import _cache
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not dist.is_initialized()
+    assert not _cache.torch_active()  # (a first single-process check: it read torch's record as it is now)
+
+    class ThreadLocalWorld:  # as torch.testing._internal.distributed.multi_threaded_pg's: a property, no attribute
+        default_pg: Any = object()
+
+    initialised = c10d._World()
+    initialised.default_pg = object()  # type: ignore[assignment]
+    for world in (initialised, ThreadLocalWorld()):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(c10d, "_world", world)
+            assert dist.is_initialized()
+            assert _cache.torch_active(), type(world).__name__
+            assert _cache.torch_active()  # (and again, once this record was seen)
+        assert not _cache.torch_active()  # the first record back: one process again

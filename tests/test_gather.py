@@ -121,3 +121,76 @@ def test_main_payload_larger_than_a_block_goes_whole_point_to_point() -> None:
         want = [[300_000 + 1000 * call, 5] for call in range(len(got))]
         assert got == want, rank
     assert {size for _, size in results} == {HEADER_BYTES + 64}
+
+
+def _boundary_sweep(rank: int, world_size: int, length: int, seen: list[int]) -> list[int]:
+    import syncreward._exchange as exchange
+
+    block = exchange._gather_block
+
+    def spied(header: bytes, body: Any, size: int) -> Any:  # a payload's size against its block's room
+        from syncreward._wire import H_SIZE, HEADER_BYTES
+
+        seen.append(int(np.frombuffer(header, dtype=np.int64)[H_SIZE]) - (size - HEADER_BYTES))
+        return block(header, body, size)
+
+    exchange._gather_block = spied  # type: ignore[assignment]  (these ranks' threads only run this)
+
+    @syncreward.synced_reward
+    def lengths(completions: list[str], **kwargs: Any) -> list[int]:
+        return [len(c) for c in completions]
+
+    return lengths(["x" * (length + rank)])  # the ranks' payloads one byte apart
+
+
+def test_main_payloads_at_and_just_past_the_room_of_their_block_arrive_whole() -> None:
+    """A payload that fills its gather block exactly rides in it; 8 bytes more (frames grow by 8) go whole point to
+    point: either way the scoring rank reads every rank's payload whole (a new group's first calls: 256-byte blocks)."""
+    import syncreward._exchange as exchange
+
+    seen: list[int] = []
+    original = exchange._gather_block
+    try:
+        for length in range(160, 190):
+            got = run_threads(_boundary_sweep, 4, length, seen)
+            assert got == [[length + r] for r in range(4)], length
+    finally:
+        exchange._gather_block = original  # type: ignore[assignment]
+    assert {-8, 0, 8} <= set(seen)  # below, at, and past the room (frames grow by 8 bytes): each case ran
+
+
+_ODD = type("Odd" + "x" * 300_000, (), {})  # its name is in the error report: larger than any gather block
+
+
+def _mixed_and_large_errors(rank: int, world_size: int) -> list[Any]:
+    @syncreward.synced_reward
+    def lengths(completions: list[str], solution: list[Any]) -> list[int]:
+        return [len(c) for c in completions]
+
+    out: list[Any] = []
+    for call in range(12):  # the first calls use the 256-byte blocks, the later ones the announced size
+        size = 300_000 if rank == 1 else 40 + rank  # rank 1's payload goes point to point, the others' fit
+        bad = call in (3, 10) and rank == world_size - 1  # its error report goes point to point
+        try:
+            out.append(lengths(["y" * (size + call)], solution=[_ODD()] if bad else ["s"]))
+        except Exception as e:  # (what each rank raised is the result)
+            out.append((type(e).__name__, f"rank {world_size - 1}" in str(e), _ODD.__name__ in str(e)))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_main_large_payloads_and_large_error_reports_go_point_to_point_beside_ones_that_fit_over_gloo(
+    world_size: int,
+) -> None:
+    """Over gloo (recv_many: the scoring rank posts every point-to-point receive first): a rank whose payload does
+    not fit its block beside ranks whose payloads do, and a rank whose error report does not fit: every rank gets its
+    own result, or raises (the failing rank its own error, every other rank a RemoteError naming it)."""
+    results = run_ranks(_mixed_and_large_errors, world_size, timeout=240)
+    last = world_size - 1
+    for rank, got in enumerate(results):
+        for call, value in enumerate(got):
+            if call in (3, 10):
+                want = ("UnsupportedTypeError", False, True) if rank == last else ("RemoteError", True, True)
+                assert value == want, (rank, call)
+            else:
+                assert value == [(300_000 if rank == 1 else 40 + rank) + call], (rank, call)

@@ -151,3 +151,32 @@ def test_a_timeout_in_a_later_wait_names_the_timeout_given_on_gloo_ranks_too() -
     kind, message = got[0]
     assert kind == "CommunicationError", got
     assert f"(rank 1 waited {TIMEOUT:g}s for rank(s) [0])" in message, got  # (was: waited 1s, the seconds left)
+
+
+def _stalled_senders_body(rank: int, world_size: int) -> tuple[str, Any, float]:
+    from syncreward.backends.torch_distributed import TorchDistributedBackend
+
+    if rank:  # every other rank's payload goes point to point (more than a first call's block): and stalls
+        send = TorchDistributedBackend.send
+
+        def stalled(self: Any, *args: Any, **kwargs: Any) -> None:
+            time.sleep(3 * TIMEOUT)
+            send(self, *args, **kwargs)
+
+        TorchDistributedBackend.send = stalled  # type: ignore[method-assign]
+    reward = synced_reward(timeout=TIMEOUT)(_lengths)
+    return _timed(lambda: reward(["y" * 5000]))
+
+
+def _lengths(completions: list[str]) -> list[float]:
+    return [float(len(c)) for c in completions]
+
+
+def test_timeout_is_one_deadline_per_call_across_mains_point_to_point_receives() -> None:
+    """The scoring rank of ``main`` waits for several ranks' point-to-point payloads under one deadline: where every
+    sender stalls it raises at ``timeout``, not once per sender, naming the senders it waited for."""
+    got = run_ranks(_stalled_senders_body, 3, timeout=180)
+    kind, missing, seconds = got[0]
+    assert (kind, missing) == ("SyncTimeoutError", (1, 2)), got  # (gloo's point-to-point timeout is a timeout too)
+    assert TIMEOUT - 0.2 < seconds < TIMEOUT + 2 * MARGIN, got  # not 2 x TIMEOUT
+    assert all(kind != "ok" for kind, _, _ in got[1:]), got

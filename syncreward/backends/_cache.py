@@ -34,7 +34,8 @@ _lock = threading.Lock()
 _forked_from: int | None = None  # pid of the parent, when this process was forked from a distributed job
 
 
-_world: Any = None  # torch's record of its default group (``distributed_c10d._world``), once found
+_c10d: Any = None  # torch's ``distributed_c10d``, once its record of the default group was found
+_world: Any = None  # that record (``distributed_c10d._world``) as found
 
 
 def torch_active() -> bool:
@@ -42,10 +43,11 @@ def torch_active() -> bool:
 
     ``dist.is_initialized()`` is ``GroupMember.WORLD is not None``: two properties that read
     ``distributed_c10d._world._default_pg``. This runs on every single-process call, so where torch keeps
-    that record it is read directly (found once); elsewhere ``GroupMember.WORLD`` is.
+    that record it is read directly (found once, used while it is still the record torch holds: torch lets
+    it be replaced, and its multi-threaded process group does); elsewhere ``GroupMember.WORLD`` is.
     ``distributed_c10d`` is loaded exactly where ``torch.distributed`` is loaded and available.
     """
-    if _world is not None:
+    if _c10d is not None and _c10d._world is _world:
         return _world._default_pg is not None
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     if c10d is None:
@@ -60,10 +62,10 @@ def torch_active() -> bool:
 
 def _find_world(c10d: Any, active: bool) -> None:
     """Keep ``c10d._world`` where its ``_default_pg`` says what ``GroupMember.WORLD`` says (torch >= 2.0)."""
-    global _world
+    global _c10d, _world
     world = getattr(c10d, "_world", None)
     if "_default_pg" in getattr(world, "__dict__", {}) and (world._default_pg is not None) == active:  # type: ignore[union-attr]
-        _world = world
+        _c10d, _world = c10d, world
 
 
 def on_release(hook: Callable[[Any], None]) -> Callable[[Any], None]:

@@ -893,7 +893,9 @@ class TorchDistributedBackend:
         try:
             work.wait(_timedelta(max(timeout, 0.001)))
         except RuntimeError as e:
-            if _WORK_TIMEOUT_MESSAGE not in str(e):
+            # a point-to-point wait that runs out says so in gloo's words ("Timed out waiting ...ms for recv
+            # operation to complete"), not c10d's: a timeout all the same
+            if _WORK_TIMEOUT_MESSAGE not in str(e) and not _is_timeout(e):
                 self._fail(e, channel, op)
             self._check_peers()
             self._raise_if_left(channel, op, self._store)
