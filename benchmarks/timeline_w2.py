@@ -4,6 +4,7 @@ Usage (from the repository root)::
 
     python benchmarks/timeline_w2.py --world-size 2 --payload trl16 --rounds 200
     python benchmarks/timeline_w2.py --ab HEAD~1   # also an "old" main whose torch backend is that commit's
+    python benchmarks/timeline_w2.py --variants main bare_main --stamp-library  # the library against its data path
 
 Each round calls every variant once (a fresh order each round, the ranks lined up by a barrier on
 a group no variant uses before each call). Inside ``main`` calls every rank stamps, on the system-wide
@@ -76,6 +77,8 @@ _CURRENT: list[list[tuple[str, int, int]]] = [[]]  # the log of the call in prog
 
 def _stamp_library() -> None:
     """Stamp the library's steps of a call (class and module attributes: every traced variant sees them)."""
+    import syncreward._batch as batch
+    import syncreward._call as call
     import syncreward._decorator as dec
     import syncreward._exchange as ex
     import syncreward._lifecycle as lc
@@ -83,11 +86,7 @@ def _stamp_library() -> None:
     import syncreward._modes.main as mm
     import syncreward._session as ses
 
-    import syncreward._batch as batch
-    import syncreward._call as call
-
     targets = [
-        (dec, "resolve_backend", "resolve"),
         (dec, "call_site", "site"),
         (lc, "_open", "open"),
         (lc, "session_for", "session_for"),
@@ -98,7 +97,9 @@ def _stamp_library() -> None:
         (ses.Session, "run_turn", "turn"),
         (mm.MainMode, "route_inputs", "inbound"),
         (ex.Link, "inbound", "link.inbound"),
-        (ex, "_blocks", "blocks"),
+        (ex.Link, "gathered", "link.gathered"),
+        (ex, "_gather_block", "block"),
+        (ex, "exchange_results", "results"),
         (base.GatherMode, "gather", "gather"),
         (base.GatherMode, "scoring_for", "scoring_for"),
         (mm.MainMode, "route_results", "outbound"),
@@ -150,7 +151,7 @@ class _Stamped:
 def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    from _bench_ranks import dict_gather, format_reward, fused_objects, handrolled, length_reward, reward
+    from _bench_ranks import Bare, dict_gather, format_reward, fused_objects, handrolled, length_reward, reward
     from _payloads import make_batch
 
     from syncreward import synced_reward, synced_rewards
@@ -167,7 +168,7 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
         log: list[tuple[str, int, int]] = []
         logs[name] = log
         backend = cls()
-        for attr in ("_all_to_all", "scatter", "_wait", "_begin"):
+        for attr in ("_all_to_all", "scatter", "gather", "send", "recv", "recv_many", "_wait", "_begin"):
             setattr(backend, attr, _stamp(log, attr, getattr(backend, attr)))
         channel = backend._channel
 
@@ -194,6 +195,10 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
         return step
 
     variants: dict[str, Any] = {"main": traced("main", TorchDistributedBackend)}
+    if "bare_main" in cfg["variants"]:  # main's data path alone (_bench_ranks.Bare), its collectives stamped
+        bare = Bare(batch, cfg["payload"])
+        bare.backend, _ = traced_backend("bare_main", TorchDistributedBackend)
+        variants["bare_main"] = bare
     if cfg.get("old_source"):
         variants["main_old"] = traced("main_old", _load_old_backend(cfg["old_source"]))
     steps: dict[str, Any] = {}
@@ -203,7 +208,8 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
         "dict_gather": lambda: dict_gather(batch),
         "fused_objects": lambda: fused_objects(batch),
         "handrolled": lambda: handrolled(batch),
-        **{k: (lambda f=f: f(**batch)) for k, f in variants.items()},
+        **{k: (lambda f=f: f(**batch)) for k, f in variants.items() if k != "bare_main"},
+        **({"bare_main": variants["bare_main"]} if "bare_main" in variants else {}),
         **steps,
     }
     variants.update(steps)
@@ -303,7 +309,9 @@ def main() -> None:
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--payload", default="trl16")
     ap.add_argument("--rounds", type=int, default=200)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument(
+        "--warmup", type=int, default=10
+    )  # past main's first calls (_wire.BLOCK_LAG): their blocks are small
     ap.add_argument("--variants", nargs="+", default=["main", "dict_gather", "fused_objects"])
     ap.add_argument("--stamp-library", action="store_true", help="also stamp the library's steps of a call")
     ap.add_argument("--ab", metavar="REV", help="also main_old: the torch backend of git revision REV")
