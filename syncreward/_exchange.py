@@ -534,7 +534,7 @@ class Link:
 
 
 def _gather_block(header: bytes, body: np.ndarray, size: int) -> np.ndarray:
-    """A gathered inbound's block: the header, then the start of ``body``, then zeros (``size`` bytes in all)."""
+    """A gathered inbound's block of ``size`` bytes: the header, then ``body`` (all of it, or none), then zeros."""
     block = np.zeros(size, dtype=np.uint8)
     block[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
     first = body[: size - HEADER_BYTES]
