@@ -135,3 +135,47 @@ def _lazy_body(rank: int, world_size: int) -> tuple[str | None, str | None, str 
     user_group = dist.new_group(backend="gloo")  # the user's own group, built after our first call: eager as ever
     dist.barrier(group=user_group)
     return before, seen[0] if seen else None, os.environ.get("TORCH_GLOO_LAZY_INIT")
+
+
+class _CountingStore:
+    """Forwards to a store, counting its requests by name."""
+
+    def __init__(self, inner: Any, counts: dict[str, int]) -> None:
+        self._inner, self._counts = inner, counts
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._inner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self._counts[name] = self._counts.get(name, 0) + 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+SLOW_SCORE_S = 1.0  # rank 0 scores this long: the other ranks poll the store about 5 times while they wait
+
+
+def _store_requests_while_waiting(rank: int, world_size: int) -> dict[str, int]:
+    backend = syncreward.resolve_backend("torch")
+
+    @synced_reward(backend=backend)
+    def slow(completions: list[str], **kwargs: Any) -> list[float]:
+        time.sleep(SLOW_SCORE_S if len(completions) > world_size else 0)
+        return [float(len(c)) for c in completions]
+
+    slow(["a"])  # sets the groups up (and every rank's arrival records)
+    counts: dict[str, int] = {}
+    backend._store = _CountingStore(backend._store, counts)  # type: ignore[attr-defined]
+    slow(["a", "b"])  # the other ranks wait past their first slice, polling
+    return counts
+
+
+def test_main_waiting_ranks_read_their_peers_arrival_records_in_a_fixed_number_of_store_requests() -> None:
+    """A rank waiting past its first slice reads every peer's arrival record at each poll (a mode mismatch shows
+    there): with one read per peer that was O(W) requests per rank and poll, O(W^2) in all on rank 0's store."""
+    results = run_ranks(_store_requests_while_waiting, 4, timeout=120)
+    for rank in range(1, 4):
+        counts = results[rank]
+        assert counts.get("multi_get", 0) >= 3, (rank, counts)  # polled several times, reading the records at once
+        assert counts.get("get", 0) <= 1, (rank, counts)  # not one read per peer (the abort record aside)

@@ -125,6 +125,7 @@ __all__ = ["TorchDistributedBackend"]
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.2  # how often a waiting rank looks for an abort from a peer
+_NO_ARRIVAL = "0 none"  # a rank's arrival record before it waited past a first slice (exchanges count from 1)
 _GRACE_S = 0.25  # after timeout=: how long a rank that gives up waits for ranks that arrived just now to report
 _GLOO_MARGIN_S = 10.0  # gloo's own op timeout is ours plus this, so we always report first
 _WAITED_FOR = re.compile(r"^Trank (\d+) waited [^ ]+s for rank\(s\) \[([0-9, ]*)\]")  # who waited for whom
@@ -643,9 +644,11 @@ class TorchDistributedBackend:
             )
         name = _agreed_name(self.name, self._pg is None, self._ranks)
         self._job_store = store
-        with contextlib.suppress(Exception):  # so that a rank that gives up can say who never came
-            store.set(_setup_arrival(name, self._ranks[self._rank]), "1")
         records = dist.PrefixStore(f"{name}/", store)  # type: ignore[attr-defined]  # the groups' abort record
+        with contextlib.suppress(Exception):
+            for c in (0, 1):  # every rank's arrival records exist from the set-up on: read in one go (_records)
+                records.set(f"arrived/{c}/{self._rank}", _NO_ARRIVAL)
+            store.set(_setup_arrival(name, self._ranks[self._rank]), "1")  # a rank that gives up names who never came
         self._await_members(store, records, timeout, name)
         try:
             # the rendezvous has no wait loop of ours around it: its own timeout is the user's
@@ -1001,15 +1004,29 @@ class TorchDistributedBackend:
         if self._store is None:
             return kinds
         try:
-            for r in range(self._world_size):
-                key = f"arrived/{channel}/{r}"
-                if r != self._rank and self._store.check([key]):
-                    got = bytes(self._store.get(key)).decode().split()
-                    if len(got) == 2 and int(got[0]) == op and got[1] not in ("timeout", "done"):  # (not waiting in it)
-                        kinds[r] = got[1]
+            for r, record in self._records(channel).items():
+                got = record.split()
+                if len(got) == 2 and int(got[0]) == op and got[1] not in ("timeout", "done"):  # (not waiting in it)
+                    kinds[r] = got[1]
         except Exception:  # the store is unreachable: the wait says so by itself
             pass
         return kinds
+
+    def _records(self, channel: int) -> dict[int, str]:
+        """The peers' arrival records on ``channel``: two store reads, whatever the world size.
+
+        Every rank waiting past its first slice reads them at each poll: one read per peer made that
+        O(W^2) store requests per poll in all (at W=16 the store, which rank 0's process serves, slowed a
+        3-reward step by a fifth). Every rank writes its records at set-up, so they all exist once every rank
+        set up (one ``check``), and one ``multi_get`` reads them; before that (a rank still setting up, or a
+        torch without ``multi_get``), one by one.
+        """
+        store = self._store
+        peers = [r for r in range(self._world_size) if r != self._rank]
+        keys = [f"arrived/{channel}/{r}" for r in peers]
+        if hasattr(store, "multi_get") and store.check(keys):
+            return {r: bytes(v).decode() for r, v in zip(peers, store.multi_get(keys), strict=True)}
+        return {r: bytes(store.get(k)).decode() for r, k in zip(peers, keys, strict=True) if store.check([k])}
 
     def _fail(self, e: BaseException, channel: int | None = None, op: int = 0) -> NoReturn:
         """Raise the lower layer's failure ``e`` in syncreward's words; first, tell the peers.
