@@ -248,7 +248,7 @@ def summarize(log: list[dict[str, Any]], me: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- rank body
 
 
-def _make(mode: str, backend: Any, timeout: float) -> list[Any]:
+def make_rewards(mode: str, backend: Any, timeout: float) -> list[Any]:
     if mode == "main":
         return [synced_reward(mode="main", backend=backend, timeout=timeout)(accuracy)]
     if mode == "replicate":
@@ -273,7 +273,7 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
     step = 0
     first = True
     for mode in cfg["modes"]:
-        fns = _make(mode, rec, timeout)
+        fns = make_rewards(mode, rec, timeout)
         per_call: list[dict[str, Any]] = []
         for i in range(cfg["warmup"] + cfg["calls"]):
             step += 1

@@ -179,30 +179,14 @@ def summarize(log: list[dict[str, Any]], me: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- rank body
 
 
-def _rewards(mode: str, backend: Any, timeout: float) -> list[Any]:
-    from _scale_ranks import accuracy, fmt, length
-
-    from syncreward import synced_reward, synced_rewards
-
-    if mode == "main":
-        return [synced_reward(mode="main", backend=backend, timeout=timeout)(accuracy)]
-    if mode == "replicate":
-        return [synced_reward(mode="replicate", backend=backend, timeout=timeout)(accuracy)]
-    if mode == "shard":
-        return [synced_reward(mode="shard", group_size=2, backend=backend, timeout=timeout)(accuracy)]
-    if mode == "step3":
-        return list(synced_rewards(accuracy, length, fmt, mode="main", backend=backend, timeout=timeout))
-    raise ValueError(mode)
-
-
 def rank_body(rank: int, world_size: int, mode: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """One thread-rank: ``warmup`` calls of ``mode``, then ``calls`` counted ones; their counts."""
-    from _scale_ranks import trl_batch
+    from _scale_ranks import make_rewards, trl_batch  # the same rewards as on real ranks
 
     import syncreward
 
     rec = Counting(syncreward.resolve_backend("auto"))
-    fns = _rewards(mode, rec, float(cfg["timeout"]))
+    fns = make_rewards(mode, rec, float(cfg["timeout"]))
     per_call = []
     for i in range(cfg["warmup"] + cfg["calls"]):
         kw = trl_batch(rank, i + 1, cfg["samples"], cfg["ids"])  # new lists every step, as TRL
