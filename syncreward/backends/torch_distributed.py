@@ -860,14 +860,7 @@ class TorchDistributedBackend:
 
     def recv(self, size: int, src: int, *, channel: int, timeout: float) -> np.ndarray:
         """Receive exactly ``size`` bytes from rank ``src`` (gloo point to point; one wait, as :meth:`send`)."""
-        group = self._begin(channel, timeout)
-        out = torch.empty(size, dtype=torch.uint8, device=_CPU)
-        try:
-            work = group.recv([out], src, channel)
-        except RuntimeError as e:
-            self._fail(e, channel, self._ops[channel] + 1)
-        self._wait_whole(work, channel, timeout)
-        return out.numpy()
+        return self.recv_many({src: size}, channel=channel, timeout=timeout)[src]
 
     def recv_many(self, sizes: Mapping[int, int], *, channel: int, timeout: float) -> dict[int, np.ndarray]:
         """Receive ``sizes[src]`` bytes from each rank ``src``: every receive posted first, then each waited on.
