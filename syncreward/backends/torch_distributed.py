@@ -997,16 +997,15 @@ class TorchDistributedBackend:
         if self._store is None:
             return kinds
         try:
-            for r, record in self._records(channel).items():
-                got = record.split()
-                if len(got) == 2 and int(got[0]) == op and got[1] not in ("timeout", "done"):  # (not waiting in it)
-                    kinds[r] = got[1]
+            for r, (at, what) in self._records(channel).items():
+                if at == op and what not in ("", "timeout", "done"):  # ("timeout", "done": not waiting in it)
+                    kinds[r] = what
         except Exception:  # the store is unreachable: the wait says so by itself
             pass
         return kinds
 
-    def _records(self, channel: int) -> dict[int, str]:
-        """The peers' arrival records on ``channel``: two store reads, whatever the world size.
+    def _records(self, channel: int) -> dict[int, tuple[int, str]]:
+        """The peers' arrival records on ``channel``, ``rank -> (exchange, what)``: two store reads, whatever W.
 
         Every rank waiting past its first slice reads them at each poll: one read per peer made that
         O(W^2) store requests per poll in all (at W=16 the store, which rank 0's process serves, slowed a
@@ -1018,8 +1017,14 @@ class TorchDistributedBackend:
         peers = [r for r in range(self._world_size) if r != self._rank]
         keys = [f"arrived/{channel}/{r}" for r in peers]
         if hasattr(store, "multi_get") and store.check(keys):
-            return {r: bytes(v).decode() for r, v in zip(peers, store.multi_get(keys), strict=True)}
-        return {r: bytes(store.get(k)).decode() for r, k in zip(peers, keys, strict=True) if store.check([k])}
+            raw = dict(zip(peers, store.multi_get(keys), strict=True))
+        else:
+            raw = {r: store.get(k) for r, k in zip(peers, keys, strict=True) if store.check([k])}
+        out = {}
+        for r, value in raw.items():
+            got = bytes(value).decode().split()
+            out[r] = (int(got[0]), got[1] if len(got) == 2 else "")
+        return out
 
     def _fail(self, e: BaseException, channel: int | None = None, op: int = 0) -> NoReturn:
         """Raise the lower layer's failure ``e`` in syncreward's words; first, tell the peers.
@@ -1118,7 +1123,7 @@ class TorchDistributedBackend:
                 # the ranks that waited have said so already; give the ones that arrived just now a moment
                 end = time.monotonic() + _GRACE_S
                 while True:
-                    missing = [r for r in range(self._world_size) if not self._arrived(channel, r, op)]
+                    missing = self._not_in(channel, op)
                     if not missing or time.monotonic() >= end:
                         break
                     time.sleep(0.05)
@@ -1139,14 +1144,10 @@ class TorchDistributedBackend:
     def _blocked_elsewhere(self, channel: int, missing: Sequence[int]) -> list[int]:
         """The ``missing`` ranks whose record shows them in the exchange this rank passed last on the other channel."""
         other, passed = 1 - channel, self._ops[1 - channel]
-        out = []
-        for r in missing:
-            key = f"arrived/{other}/{r}"
-            if r != self._rank and passed and self._store.check([key]):
-                got = bytes(self._store.get(key)).decode().split()
-                if len(got) == 2 and int(got[0]) == passed and got[1] != "done":
-                    out.append(r)
-        return out
+        if not passed:
+            return []
+        records = self._records(other)
+        return [r for r in missing if r in records and records[r][0] == passed and records[r][1] not in ("", "done")]
 
     def _named_missing(self, blocked: Sequence[int]) -> list[int] | None:
         """The ranks one of the ``blocked`` ranks waited for, once its abort record names them (within a grace)."""
@@ -1164,14 +1165,11 @@ class TorchDistributedBackend:
         if self._store is None:
             return None
         try:
-            return [r for r in range(self._world_size) if not self._arrived(channel, r, op)]
+            return self._not_in(channel, op)
         except Exception:
             return None
 
-    def _arrived(self, channel: int, rank: int, op: int) -> bool:
-        key = f"arrived/{channel}/{rank}"
-        if rank == self._rank:
-            return True
-        if not self._store.check([key]):
-            return False
-        return int(bytes(self._store.get(key)).decode().split()[0]) >= op
+    def _not_in(self, channel: int, op: int) -> list[int]:
+        """The peers whose arrival record on ``channel`` is not yet at exchange ``op`` (or that have none)."""
+        records = self._records(channel)
+        return [r for r in range(self._world_size) if r != self._rank and records.get(r, (0, ""))[0] < op]
