@@ -204,11 +204,6 @@ class Headers:
         return cls(buf[: world_size * size].reshape(world_size, size)[:, :HEADER_BYTES].view(np.int64))
 
     @property
-    def words(self) -> list[list[int]]:
-        """The header table by column: ``words[H_SIZE][r]`` is rank ``r``'s payload size (read only)."""
-        return self._words
-
-    @property
     def versions(self) -> set[int]:
         return set(self._words[H_VERSION])
 
@@ -464,22 +459,6 @@ def verdict_of(headers: Headers) -> tuple[int, str]:
 
     For ``V_VERSION`` and ``V_UNREADABLE`` the text is the message every rank raises.
     """
-    w = headers.words
-    if (
-        min(w[H_VERSION]) == max(w[H_VERSION]) == VERSION
-        and not any(w[H_STATUS])
-        and min(w[H_SEQ]) == max(w[H_SEQ])
-        and min(w[H_FP]) == max(w[H_FP])
-        and min(w[H_STEP]) == max(w[H_STEP])
-        and min(w[H_SHARED]) == max(w[H_SHARED])
-        and min(w[H_N]) >= 0
-        and min(w[H_SIZE]) >= 0
-        and min(w[H_MODE_WORD]) >= 0
-        and max(w[H_N]) <= MAX_FIELD
-        and max(w[H_SIZE]) <= MAX_FIELD
-        and max(w[H_MODE_WORD]) <= MAX_FIELD
-    ):
-        return V_OK, ""  # (every call's case, in one pass over the header lists; the checks below say why not)
     if headers.versions != {VERSION}:
         return V_VERSION, (
             f"ranks run different syncreward wire versions ({sorted(hex(v) for v in headers.versions)}). "
