@@ -399,11 +399,7 @@ def wrap(func: Any, impl: ModeImpl[Any], options: Options, readers: Sequence[Any
                 return func(*args, **kwargs)
             be = resolve()
             if be.world_size == 1:  # checked as on several ranks, so a wrong result fails here too
-                result = func(*args, **kwargs)
-                n = binder.local_count(args, kwargs)
-                if type(result) is list and len(result) == n:  # check_result's common case, without its call
-                    return result
-                return check_result(result, n, name)
+                return check_result(func(*args, **kwargs), binder.local_count(args, kwargs), name)
             return call_sync(spec, be, args, kwargs, call_site(sys._getframe(1)))
 
         wrapper = sync_wrapper

@@ -151,11 +151,8 @@ def _score(fn: Callable[..., Any], request: _Score) -> Outcome[Any]:
         return settled
     assert isinstance(request.inputs, Value)
     args, kwargs = request.inputs.value
-    token = _SCORING.set(True)  # (what _scoring() does, without a generator on every call)
-    try:
+    with _scoring():
         return capture(fn, *args, **kwargs)
-    finally:
-        _SCORING.reset(token)
 
 
 async def _score_async(fn: Callable[..., Awaitable[Any]], request: _Score) -> Outcome[Any]:
