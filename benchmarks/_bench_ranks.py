@@ -29,10 +29,31 @@ import syncreward._lifecycle as sr_lifecycle
 import syncreward._modes.main as sr_main
 import syncreward._transfers as sr_transfers
 from syncreward import synced_reward, synced_rewards
+from syncreward._batch import Split, merge_frames, read_frame, rebuild_result, split_result
 from syncreward._binding import Binder
-from syncreward._codec import Column, container_of, decode_frame, encode_frame
-from syncreward._wire import BLOCK_LAG, HEADER_LEN
+from syncreward._call import _fingerprint as call_fingerprint
+from syncreward._codec import CONTAINERS, Column, container_of, decode_frame, encode_frame
+from syncreward._deadline import Deadline
+from syncreward._identity import call_site
+from syncreward._logs import Logs
+from syncreward._session import Session
+from syncreward._wire import (
+    BLOCK_LAG,
+    HEADER_BYTES,
+    HEADER_LEN,
+    NO_SHARED,
+    OK,
+    V_OK,
+    Headers,
+    ResultChunk,
+    bounded_block,
+    drop_mask,
+    pack_header,
+    verdict_of,
+)
 from syncreward.backends import resolve_backend
+from syncreward.backends._waiting import CALL as WAIT_CALL
+from syncreward.backends._waiting import TIMEOUT as WAIT_TIMEOUT
 from syncreward.backends.torch_distributed import TorchDistributedBackend
 
 GROUP = 8  # GRPO num_generations: samples per prompt group
@@ -330,6 +351,137 @@ class Bare:
         return scores[:n]
 
 
+class Lean:
+    """``mode="main"``'s steady-state call flattened: its protocol and checks, with none of the layers between.
+
+    A measuring instrument, not a code path of the library: what a call costs when it runs only the steps a
+    steady-state ``main`` call cannot skip, each through the library's own component, in one function per
+    rank. Rank ``r > 0``: the session's sequence number and turns, the call's deadline, the binding, the
+    fingerprint, the encoding, the header and block, the gather; the result chunk and its checks, the
+    decoding. Rank 0: the headers and their verdict, the next block's size, the merge, the log stand-ins,
+    the function's arguments, the scoring, the result's check and split, the next result block's size, the
+    chunks, the scatter. Happy path only: no failure, mismatch, tail or log record is handled (an
+    ``AssertionError`` says so); the block size is set as the steady state's announcement would set it.
+    ``lean_main`` / ``bare_main`` is what the protocol itself costs; ``main`` / ``lean_main`` what the
+    library's layers around it cost.
+    """
+
+    def __init__(
+        self, batch: dict[str, list[Any]], payload: str, backend: TorchDistributedBackend | None = None
+    ) -> None:
+        fn = synced_reward(mode="main")(reward)
+        self.spec = fn.__syncreward_spec__  # type: ignore[attr-defined]
+        self.w, self.me = dist.get_world_size(), dist.get_rank()
+        self.backend = backend if backend is not None else TorchDistributedBackend()
+        self.session = Session(self.backend)  # its own: the synced functions' sessions never see these calls
+        self.batch = batch
+        binder = self.spec.binder
+        sizes = [
+            len(encode_frame(binder.bind((), make_batch(payload, r, self.w)).columns, local_count(payload, r, self.w)))
+            if r != 0
+            else 0
+            for r in range(self.w)
+        ]
+        self.block = bounded_block(sizes)  # what rank 0's announcement says in the steady state
+        self.next_block = self.block
+        # the first result blocks: large enough that no body overflows (main sends the rest point to point)
+        self.session.result_blocks.advance(512 + 8 * max(local_count(payload, r, self.w) for r in range(self.w)))
+
+    def __call__(self) -> Any:
+        return self._call(**self.batch)
+
+    def _call(self, **kwargs: Any) -> Any:
+        spec, session, w, me, backend = self.spec, self.session, self.w, self.me, self.backend
+        if sr_lifecycle.nested():
+            return spec.fn(**kwargs)
+        site = call_site(sys._getframe(1))
+        seq, problem = session.open(False)
+        assert problem is None
+        deadline = Deadline(spec.options.timeout)
+        bound = spec.binder.bind((), kwargs)
+        columns = tuple([(c.name, CONTAINERS[c.container]) for c in bound.columns])
+        fp = call_fingerprint(spec.key, spec.identity.digest, columns, site.key)
+        names = [c.name for c in bound.columns]
+        frame = encode_frame(bound.columns, bound.n, droppable=bound.droppable, dropped=[]) if me != 0 else b""
+
+        def inbound() -> Any:
+            called, timed = WAIT_CALL.set("lean"), WAIT_TIMEOUT.set(deadline.timeout)
+            try:
+                size = self.block
+                header = pack_header(
+                    seq=seq, status=OK, fp=fp, step=bound.step, n=bound.n, size=len(frame), mode_word=0,
+                    mask=drop_mask(names, ()), shared=NO_SHARED,
+                )  # fmt: skip
+                block = np.zeros(size, dtype=np.uint8)
+                block[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
+                body = np.frombuffer(frame, dtype=np.uint8)
+                assert HEADER_BYTES + body.size <= size, "lean_main: the payload outgrew its block"
+                block[HEADER_BYTES : HEADER_BYTES + body.size] = body
+                got = backend.gather(block, size, root=0, channel=0, timeout=deadline.left())
+                if me != 0:
+                    return None
+                headers = Headers.blocks(got, w, size)
+                assert verdict_of(headers)[0] == V_OK, "lean_main: the ranks' headers disagree"
+                sizes = headers.sizes
+                self.next_block = bounded_block(sizes)
+                at = [s * size + HEADER_BYTES for s in range(w)]
+                return headers.counts, {s: got[at[s] : at[s] + sizes[s]] for s in range(1, w)}
+            finally:
+                WAIT_TIMEOUT.reset(timed)
+                WAIT_CALL.reset(called)
+
+        got: Any = session.turns[0].run(seq, inbound, deadline, "lean")  # (the work's own value: no outcome)
+        split: Split | None = None
+        if me == 0:
+            counts, frames = got
+            values = merge_frames(bound.columns, frames, dict(enumerate(counts)), 0, lambda v, c: v, frozenset(), False)
+            logs = Logs(bound, spec.name)
+            args, kw = bound.call_args({**values, **logs.recording()}, ())
+            token = sr_lifecycle._SCORING.set(True)
+            try:
+                result = spec.fn(*args, **kw)
+            finally:
+                sr_lifecycle._SCORING.reset(token)
+            bounds = [0]
+            for c in counts:
+                bounds.append(bounds[-1] + c)
+            split = split_result(result, bounds, spec.name, logs=logs, here=0, send=range(1, w)).unwrap()
+
+        def results() -> Any:
+            called, timed = WAIT_CALL.set("lean"), WAIT_TIMEOUT.set(deadline.timeout)
+            try:
+                blocks = session.result_blocks
+                cap = blocks.capacity
+                if me == 0:
+                    assert split is not None
+                    bodies = split.frames
+                    nxt = blocks.announce(fp, {r: len(b) for r, b in bodies.items()}, counts)
+                    send = bytearray(w * cap)
+                    for r in range(1, w):
+                        body = bodies[r]
+                        assert len(body) <= cap - ResultChunk.HEADER, "lean_main: a result outgrew its block"
+                        chunk = ResultChunk(OK, False, nxt, len(body), fp, seq, V_OK, self.next_block)
+                        chunk.pack_into(send, r * cap, body, cap)
+                    out = np.frombuffer(send, dtype=np.uint8)
+                    backend.scatter(out, cap, root=0, channel=1, timeout=deadline.left())
+                    blocks.advance(nxt)
+                    return split.result
+                buf = backend.scatter(np.empty(0, dtype=np.uint8), cap, root=0, channel=1, timeout=deadline.left())
+                chunk = ResultChunk.unpack(buf.data)
+                assert (chunk.fp, chunk.seq, chunk.status, chunk.verdict, chunk.overflow) == (fp, seq, OK, V_OK, False)
+                blocks.advance(chunk.next_capacity)
+                nrows, cols, meta = read_frame(buf[ResultChunk.HEADER : ResultChunk.HEADER + chunk.body_bytes], False)
+                assert nrows == bound.n
+                return rebuild_result(meta.get("keys"), cols, None)
+            finally:
+                WAIT_TIMEOUT.reset(timed)
+                WAIT_CALL.reset(called)
+
+        out = session.turns[1].run(seq, results, deadline, "lean")
+        session.close(seq)
+        return out
+
+
 class Probe:
     """One tiny collective (the size of syncreward's header row): the per-collective latency floor."""
 
@@ -357,10 +509,16 @@ Variant = Callable[[], Any] | tuple[Callable[[], Any], Callable[[], Any]]  # fn,
 
 
 def variants_for(
-    batch: dict[str, list[Any]], raw: Raw, probe: Probe, fns: Synced, bare: Callable[[], Any]
+    batch: dict[str, list[Any]],
+    raw: Raw,
+    probe: Probe,
+    fns: Synced,
+    bare: Callable[[], Any],
+    lean: Callable[[], Any] | None = None,
 ) -> dict[str, Variant]:
     return {
         "bare_main": bare,
+        **({"lean_main": lean} if lean is not None else {}),
         "direct": lambda: reward(**batch),
         "handrolled": lambda: handrolled(batch),
         "fused_objects": lambda: fused_objects(batch),
@@ -569,7 +727,9 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
             continue
         batch = make_batch(payload, rank, world_size)
         raw = Raw(batch)
-        variants = variants_for(batch, raw, Probe(), fns, Bare(batch, payload))
+        asked = cfg.get("variants") or ()
+        lean = Lean(batch, payload) if "lean_main" in asked else None  # it makes gloo groups: only where asked for
+        variants = variants_for(batch, raw, Probe(), fns, Bare(batch, payload), lean)
         if cfg.get("variants"):
             variants = {k: v for k, v in variants.items() if k in cfg["variants"]}
         if not cfg.get("old_package"):

@@ -24,6 +24,12 @@ Variants:
                             two collectives through its torch backend, nothing else -- no binding,
                             fingerprint, turn, header check, learned size or failure path; ``main`` /
                             ``bare_main`` is what the library adds to a call
+``lean_main``               main's steady-state protocol flattened (``_bench_ranks.Lean``): every step a
+                            steady-state call cannot skip (turns, deadline, binding, fingerprint, header,
+                            verdict, block sizes, log stand-ins, result check and split, chunk checks),
+                            each through the library's own component, in one function per rank; happy path
+                            only. ``lean_main`` / ``bare_main``: what the protocol costs; ``main`` /
+                            ``lean_main``: what the layers around it cost
 ``replicate``               ``@synced_reward(mode="replicate")``
 ``shard``                   ``@synced_reward(mode="shard", group_size=8)``
 ``main_after_replicate``    ``main`` on a backend shared with a ``replicate`` function that is called
@@ -89,6 +95,7 @@ VARIANTS = (
     "main_ids",
     "main_ids_old",
     "bare_main",
+    "lean_main",
     "replicate",
     "shard",
     "main_after_replicate",
@@ -113,6 +120,7 @@ LABELS = {
     "main_ids": '@synced_reward mode="main" of a reward reading completion_ids through **kwargs (trlcall)',
     "main_ids_old": "main_ids of the --ab revision (its whole package)",
     "bare_main": "main's data path alone: the codec and the same two collectives, none of the library around them",
+    "lean_main": "main's steady-state protocol flattened: its checks through the library's parts, none of its layers",
     "step3_group_old": "step3_group of the --ab revision (its whole package)",
     "replicate": '@synced_reward mode="replicate"',
     "shard": '@synced_reward mode="shard" (group_size=8)',
@@ -683,6 +691,8 @@ _RATIOS = (  # (variant, baseline) pairs reported for every world size and paylo
     ("main", "dict_gather"),
     ("bare_main", "dict_gather"),
     ("main", "bare_main"),
+    ("lean_main", "bare_main"),
+    ("main", "lean_main"),
     ("main", "fused_objects"),
     ("main", "handrolled"),
     ("main", "raw_all_gather"),

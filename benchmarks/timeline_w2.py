@@ -5,6 +5,7 @@ Usage (from the repository root)::
     python benchmarks/timeline_w2.py --world-size 2 --payload trl16 --rounds 200
     python benchmarks/timeline_w2.py --ab HEAD~1   # also an "old" main whose torch backend is that commit's
     python benchmarks/timeline_w2.py --variants main bare_main --stamp-library  # the library against its data path
+    python benchmarks/timeline_w2.py --variants main lean_main bare_main --pin  # its layers; a core per rank
 
 Each round calls every variant once (a fresh order each round, the ranks lined up by a barrier on
 a group no variant uses before each call). Inside ``main`` calls every rank stamps, on the system-wide
@@ -14,6 +15,11 @@ call's own start and end. The report gives, per rank, the median of each stamp's
 earliest start of that call on any rank, so one table shows both ranks' timelines side by side: which
 rank waits for which, and how long a collective takes from the last rank entering it to each rank
 seeing it complete (the transport's own latency).
+
+``lean_main`` is ``_bench_ranks.Lean``: ``main``'s steady-state protocol flattened (what its layers cost:
+``main`` against it). ``--pin`` keeps each rank, its gloo threads included, on one core of its own
+(``rank % cpus``): with fewer cores than the ranks' threads, one rank's Python after a collective
+otherwise delays the other rank's wake-up inside it.
 
 ``--ab REV`` loads ``syncreward/backends/torch_distributed.py`` as of git revision ``REV`` as a second
 module, and adds ``main_old``: the same reward on a backend of that class. ``main`` and ``main_old``
@@ -148,16 +154,36 @@ class _Stamped:
         return _stamp(self._log, "issue", getattr(self._group, name))
 
 
+def _pin(rank: int) -> None:
+    """Keep this rank's process -- every thread it has, and every one it starts -- on core ``rank % cpus``."""
+    import os
+
+    core = {rank % (os.cpu_count() or 1)}
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), core)
+
+
 def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    from _bench_ranks import Bare, dict_gather, format_reward, fused_objects, handrolled, length_reward, reward
+    from _bench_ranks import (
+        Bare,
+        Lean,
+        dict_gather,
+        format_reward,
+        fused_objects,
+        handrolled,
+        length_reward,
+        reward,
+    )
     from _payloads import make_batch
 
     from syncreward import synced_reward, synced_rewards
     from syncreward.backends.torch_distributed import TorchDistributedBackend
 
     torch.set_num_threads(1)
+    if cfg.get("pin"):
+        _pin(rank)
     batch = make_batch(cfg["payload"], rank, world_size)
     align = dist.new_group(backend="gloo")
     logs: dict[str, list[tuple[str, int, int]]] = {}
@@ -199,6 +225,8 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
         bare = Bare(batch, cfg["payload"])
         bare.backend, _ = traced_backend("bare_main", TorchDistributedBackend)
         variants["bare_main"] = bare
+    if "lean_main" in cfg["variants"]:  # main's steady-state protocol flattened (_bench_ranks.Lean), stamped
+        variants["lean_main"] = Lean(batch, cfg["payload"], traced_backend("lean_main", TorchDistributedBackend)[0])
     if cfg.get("old_source"):
         variants["main_old"] = traced("main_old", _load_old_backend(cfg["old_source"]))
     steps: dict[str, Any] = {}
@@ -208,8 +236,8 @@ def rank_main(rank: int, world_size: int, cfg: dict[str, Any]) -> dict[str, Any]
         "dict_gather": lambda: dict_gather(batch),
         "fused_objects": lambda: fused_objects(batch),
         "handrolled": lambda: handrolled(batch),
-        **{k: (lambda f=f: f(**batch)) for k, f in variants.items() if k != "bare_main"},
-        **({"bare_main": variants["bare_main"]} if "bare_main" in variants else {}),
+        **{k: (lambda f=f: f(**batch)) for k, f in variants.items() if k not in ("bare_main", "lean_main")},
+        **{k: variants[k] for k in ("bare_main", "lean_main") if k in variants},
         **steps,
     }
     variants.update(steps)
@@ -315,6 +343,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["main", "dict_gather", "fused_objects"])
     ap.add_argument("--stamp-library", action="store_true", help="also stamp the library's steps of a call")
     ap.add_argument("--ab", metavar="REV", help="also main_old: the torch backend of git revision REV")
+    ap.add_argument("--pin", action="store_true", help="each rank and its threads on a core of its own")
     args = ap.parse_args()
     from syncreward.testing import run_ranks
 

@@ -214,3 +214,19 @@ def test_simulate_model_tells_a_root_routed_main_from_the_mesh(w: int) -> None:
     rec.send(b"x", 0)
     unknown = sim.check("root", "main", w, [counts[0], sim.summarize(rec.log, 1)], p)
     assert any("no model knows" in line for line in unknown), unknown
+
+
+def test_bench_lean_main_scores_like_main(tmp_path: Path) -> None:
+    """``lean_main`` (main's steady-state protocol flattened, a measuring instrument) returns main's results."""
+    out = tmp_path / "results.json"
+    cmd = [sys.executable, str(SCRIPT), "--world-sizes", "2", "--rounds", "1", "--warmup", "0", "--payloads", "trl16"]
+    cmd += ["--variants", "bare_main", "lean_main", "main", "--profile-calls", "0", "--shard-rounds", "0"]
+    cmd += ["--overhead-number", "0", "--timeout", "240", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    variants = json.loads(out.read_text())["world_sizes"]["2"]["payloads"]["trl16"]["variants"]
+    assert {name: v["correct"] for name, v in variants.items()} == {"bare_main": True, "lean_main": True, "main": True}
+    # the same wire: lean_main's blocks are main's steady-state blocks
+    assert variants["lean_main"]["collectives"] == 2
+    assert variants["lean_main"]["sent_total"] == variants["main"]["sent_total"]
