@@ -153,6 +153,7 @@ def _child(
     try:
         if backend != "none":
             dist.init_process_group(backend, rank=rank, world_size=world_size)
+        open(log_path + _RUNNING, "w").close()  # (a file, not the queue: an os._exit() would lose a queued note)
         value = _finish(fn(rank, world_size, *args))
         # plain pickle: torch's multiprocessing reductions would share tensors through file descriptors
         # that die with this process before the parent reads them
@@ -187,6 +188,11 @@ _DIED_STARTING = (
     "`if __name__ == '__main__':` guard around it (each rank imports the script again); fn must be importable "
     "by name in a fresh process."
 )
+_DIED_RUNNING = (
+    "it ended while running fn, without returning or raising and without printing anything: os._exit(), a "
+    "signal (a negative exit code names it) or a crash in native code ended the process."
+)
+_RUNNING = ".running"  # beside a rank's log: the rank got as far as calling fn
 
 
 def _check_spawnable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -281,7 +287,8 @@ def run_ranks(
                         break
                 for r in dead:
                     if r not in outcome:
-                        log = _tail(logs[r]) or _DIED_STARTING
+                        ran = os.path.exists(logs[r] + _RUNNING)
+                        log = _tail(logs[r]) or (_DIED_RUNNING if ran else _DIED_STARTING)
                         outcome[r] = ("died", f"process exited with code {procs[r].exitcode}\n{log}")
             if time.monotonic() > deadline:
                 break

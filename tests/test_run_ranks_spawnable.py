@@ -80,3 +80,20 @@ def test_run_ranks_rank_dying_while_starting_says_where(tmp_path: Path) -> None:
     assert "it died while starting, before it ran fn" in proc.stderr, proc.stderr[-3000:]
     assert "HINT: a script that calls run_ranks needs an `if __name__ == '__main__':` guard" in proc.stderr
     assert RanksFailed.__name__ in proc.stderr
+
+
+def _exits_inside_fn(rank: int, world_size: int) -> int:
+    if rank == 1:
+        os._exit(3)  # no traceback, nothing printed
+    return rank
+
+
+@pytest.mark.multiprocess
+def test_run_ranks_rank_exiting_inside_fn_is_not_said_to_die_while_starting() -> None:
+    with pytest.raises(RanksFailed) as info:
+        run_ranks(_exits_inside_fn, 2, timeout=60, backend="none")
+    assert set(info.value.failures) == {1}
+    text = info.value.failures[1]
+    assert "process exited with code 3" in text
+    assert "it ended while running fn, without returning or raising" in text
+    assert "died while starting" not in text
