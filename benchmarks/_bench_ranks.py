@@ -29,7 +29,7 @@ import syncreward._lifecycle as sr_lifecycle
 import syncreward._modes.main as sr_main
 import syncreward._transfers as sr_transfers
 from syncreward import synced_reward, synced_rewards
-from syncreward._batch import Split, merge_frames, read_frame, rebuild_result, split_result
+from syncreward._batch import Split, encodable, merge_frames, read_frame, rebuild_result, split_result
 from syncreward._binding import Binder
 from syncreward._call import _fingerprint as call_fingerprint
 from syncreward._codec import CONTAINERS, Column, container_of, decode_frame, encode_frame
@@ -46,7 +46,6 @@ from syncreward._wire import (
     V_OK,
     Headers,
     ResultChunk,
-    bounded_block,
     drop_mask,
     pack_header,
     verdict_of,
@@ -360,12 +359,11 @@ class Lean:
     fingerprint, the encoding, the header and block, the gather; the result chunk and its checks, the
     decoding. Rank 0: the headers and their verdict, the next block's size, the merge, the log stand-ins,
     the function's arguments, the scoring, the result's check and split, the next result block's size, the
-    chunks, the scatter. Happy path only: no failure, mismatch, tail or log record is handled (an
-    ``AssertionError`` says so); the block size is set as the steady state's announcement would set it.
-    Left out as well: rank 0's plainness check of its own columns (``_batch.encodable``, about 0.1 ms at
-    W=2 with 16 per rank, run while rank 0 waits for rank 1's block), the windows that size later blocks
-    (``InboundBlocks``), the call's description (``Description``: made only for a mismatch's message) and
-    the check for an earlier call's lost results.
+    chunks, the scatter; the blocks are sized as ``main`` sizes them (``InboundBlocks``: a payload that
+    outgrew its block goes point to point, as in ``main``'s first calls), and rank 0 checks that its own
+    columns are plain, as ``main``'s rank 0 does while it waits. Happy path only: no failure, mismatch,
+    result tail or log record is handled (an ``AssertionError`` says so). Left out as well: the call's
+    description (``Description``: ``main`` makes it for a mismatch's message).
     ``lean_main`` / ``bare_main`` is what the protocol itself costs; ``main`` / ``lean_main`` what the
     library's layers around it cost.
     """
@@ -379,15 +377,7 @@ class Lean:
         self.backend = backend if backend is not None else TorchDistributedBackend()
         self.session = Session(self.backend)  # its own: the synced functions' sessions never see these calls
         self.batch = batch
-        binder = self.spec.binder
-        sizes = [
-            len(encode_frame(binder.bind((), make_batch(payload, r, self.w)).columns, local_count(payload, r, self.w)))
-            if r != 0
-            else 0
-            for r in range(self.w)
-        ]
-        self.block = bounded_block(sizes)  # what rank 0's announcement says in the steady state
-        self.next_block = self.block
+        self.next_block = 0  # on rank 0: the inbound block size this call announces
         # the first result blocks: large enough that no body overflows (main sends the rest point to point)
         self.session.result_blocks.advance(512 + 8 * max(local_count(payload, r, self.w) for r in range(self.w)))
 
@@ -401,17 +391,23 @@ class Lean:
         site = call_site(sys._getframe(1))
         seq, problem = session.open(False)
         assert problem is None
+        assert session.take_lost() is None
         deadline = Deadline(spec.options.timeout)
         bound = spec.binder.bind((), kwargs)
         columns = tuple([(c.name, CONTAINERS[c.container]) for c in bound.columns])
         fp = call_fingerprint(spec.key, spec.identity.digest, columns, site.key)
         names = [c.name for c in bound.columns]
-        frame = encode_frame(bound.columns, bound.n, droppable=bound.droppable, dropped=[]) if me != 0 else b""
+        if me != 0:
+            frame = encode_frame(bound.columns, bound.n, droppable=bound.droppable, dropped=[])
+        else:  # rank 0 scores its columns as passed, after checking they are plain as the others' are
+            frame, _ = b"", encodable(bound.columns, bound.n, bound.droppable, False, spec.name)
 
         def inbound() -> Any:
             called, timed = WAIT_CALL.set("lean"), WAIT_TIMEOUT.set(deadline.timeout)
             try:
-                size = self.block
+                blocks = session.inbound_blocks
+                size = blocks.size(blocks.gathered(seq))
+                assert size is not None
                 header = pack_header(
                     seq=seq, status=OK, fp=fp, step=bound.step, n=bound.n, size=len(frame), mode_word=0,
                     mask=drop_mask(names, ()), shared=NO_SHARED,
@@ -419,17 +415,23 @@ class Lean:
                 block = np.zeros(size, dtype=np.uint8)
                 block[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
                 body = np.frombuffer(frame, dtype=np.uint8)
-                assert HEADER_BYTES + body.size <= size, "lean_main: the payload outgrew its block"
-                block[HEADER_BYTES : HEADER_BYTES + body.size] = body
+                room = size - HEADER_BYTES
+                if body.size <= room:
+                    block[HEADER_BYTES : HEADER_BYTES + body.size] = body
                 got = backend.gather(block, size, root=0, channel=0, timeout=deadline.left())
                 if me != 0:
+                    if body.size > room:  # all of it, point to point, as main sends it
+                        backend.send(body, 0, channel=0, timeout=deadline.left())
                     return None
                 headers = Headers.blocks(got, w, size)
                 assert verdict_of(headers)[0] == V_OK, "lean_main: the ranks' headers disagree"
                 sizes = headers.sizes
-                self.next_block = bounded_block(sizes)
+                whole = {s: sizes[s] for s in range(1, w) if sizes[s] > room}
+                received = backend.recv_many(whole, channel=0, timeout=deadline.left()) if whole else {}
+                self.next_block = blocks.announce(seq, sizes)
                 at = [s * size + HEADER_BYTES for s in range(w)]
-                return headers.counts, {s: got[at[s] : at[s] + sizes[s]] for s in range(1, w)}
+                frames = {s: received[s] if s in whole else got[at[s] : at[s] + sizes[s]] for s in range(1, w)}
+                return headers.counts, frames
             finally:
                 WAIT_TIMEOUT.reset(timed)
                 WAIT_CALL.reset(called)
@@ -474,6 +476,7 @@ class Lean:
                 chunk = ResultChunk.unpack(buf.data)
                 assert (chunk.fp, chunk.seq, chunk.status, chunk.verdict, chunk.overflow) == (fp, seq, OK, V_OK, False)
                 blocks.advance(chunk.next_capacity)
+                session.inbound_blocks.learn(seq, chunk.next_block)
                 nrows, cols, meta = read_frame(buf[ResultChunk.HEADER : ResultChunk.HEADER + chunk.body_bytes], False)
                 assert nrows == bound.n
                 return rebuild_result(meta.get("keys"), cols, None)
