@@ -397,94 +397,95 @@ class Lean:
         columns = tuple([(c.name, CONTAINERS[c.container]) for c in bound.columns])
         fp = call_fingerprint(spec.key, spec.identity.digest, columns, site.key)
         names = [c.name for c in bound.columns]
+        frame: bytes | bytearray = b""
         if me != 0:
             frame = encode_frame(bound.columns, bound.n, droppable=bound.droppable, dropped=[])
         else:  # rank 0 scores its columns as passed, after checking they are plain as the others' are
-            frame, _ = b"", encodable(bound.columns, bound.n, bound.droppable, False, spec.name)
+            encodable(bound.columns, bound.n, bound.droppable, False, spec.name)
+
+        def in_turn(channel: int, work: Callable[[], Any]) -> Any:
+            """``work``'s value, run in the call's turn on ``channel``, its waits named as a session's are."""
+
+            def named() -> Any:
+                called, timed = WAIT_CALL.set("lean"), WAIT_TIMEOUT.set(deadline.timeout)
+                try:
+                    return work()
+                finally:
+                    WAIT_TIMEOUT.reset(timed)
+                    WAIT_CALL.reset(called)
+
+            return session.turns[channel].run(seq, named, deadline, "lean")
 
         def inbound() -> Any:
-            called, timed = WAIT_CALL.set("lean"), WAIT_TIMEOUT.set(deadline.timeout)
-            try:
-                blocks = session.inbound_blocks
-                size = blocks.size(blocks.gathered(seq))
-                assert size is not None
-                header = pack_header(
-                    seq=seq, status=OK, fp=fp, step=bound.step, n=bound.n, size=len(frame), mode_word=0,
-                    mask=drop_mask(names, ()), shared=NO_SHARED,
-                )  # fmt: skip
-                block = np.zeros(size, dtype=np.uint8)
-                block[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
-                body = np.frombuffer(frame, dtype=np.uint8)
-                room = size - HEADER_BYTES
-                if body.size <= room:
-                    block[HEADER_BYTES : HEADER_BYTES + body.size] = body
-                got = backend.gather(block, size, root=0, channel=0, timeout=deadline.left())
-                if me != 0:
-                    if body.size > room:  # all of it, point to point, as main sends it
-                        backend.send(body, 0, channel=0, timeout=deadline.left())
-                    return None
-                headers = Headers.blocks(got, w, size)
-                assert verdict_of(headers)[0] == V_OK, "lean_main: the ranks' headers disagree"
-                sizes = headers.sizes
-                whole = {s: sizes[s] for s in range(1, w) if sizes[s] > room}
-                received = backend.recv_many(whole, channel=0, timeout=deadline.left()) if whole else {}
-                self.next_block = blocks.announce(seq, sizes)
-                at = [s * size + HEADER_BYTES for s in range(w)]
-                frames = {s: received[s] if s in whole else got[at[s] : at[s] + sizes[s]] for s in range(1, w)}
-                return headers.counts, frames
-            finally:
-                WAIT_TIMEOUT.reset(timed)
-                WAIT_CALL.reset(called)
+            blocks = session.inbound_blocks
+            size = blocks.size(blocks.gathered(seq))
+            assert size is not None
+            header = pack_header(
+                seq=seq, status=OK, fp=fp, step=bound.step, n=bound.n, size=len(frame), mode_word=0,
+                mask=drop_mask(names, ()), shared=NO_SHARED,
+            )  # fmt: skip
+            block = np.zeros(size, dtype=np.uint8)
+            block[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
+            body = np.frombuffer(frame, dtype=np.uint8)
+            room = size - HEADER_BYTES
+            if body.size <= room:
+                block[HEADER_BYTES : HEADER_BYTES + body.size] = body
+            got = backend.gather(block, size, root=0, channel=0, timeout=deadline.left())
+            if me != 0:
+                if body.size > room:  # all of it, point to point, as main sends it
+                    backend.send(body, 0, channel=0, timeout=deadline.left())
+                return None
+            headers = Headers.blocks(got, w, size)
+            assert verdict_of(headers)[0] == V_OK, "lean_main: the ranks' headers disagree"
+            sizes = headers.sizes
+            whole = {s: sizes[s] for s in range(1, w) if sizes[s] > room}
+            received = backend.recv_many(whole, channel=0, timeout=deadline.left()) if whole else {}
+            self.next_block = blocks.announce(seq, sizes)
+            at = [s * size + HEADER_BYTES for s in range(w)]
+            frames = {s: received[s] if s in whole else got[at[s] : at[s] + sizes[s]] for s in range(1, w)}
+            return headers.counts, frames
 
-        got: Any = session.turns[0].run(seq, inbound, deadline, "lean")  # (the work's own value: no outcome)
+        got = in_turn(0, inbound)
         split: Split | None = None
         if me == 0:
             counts, frames = got
             values = merge_frames(bound.columns, frames, dict(enumerate(counts)), 0, lambda v, c: v, frozenset(), False)
             logs = Logs(bound, spec.name)
             args, kw = bound.call_args({**values, **logs.recording()}, ())
-            token = sr_lifecycle._SCORING.set(True)
-            try:
+            with sr_lifecycle._scoring():
                 result = spec.fn(*args, **kw)
-            finally:
-                sr_lifecycle._SCORING.reset(token)
             bounds = [0]
             for c in counts:
                 bounds.append(bounds[-1] + c)
             split = split_result(result, bounds, spec.name, logs=logs, here=0, send=range(1, w)).unwrap()
 
         def results() -> Any:
-            called, timed = WAIT_CALL.set("lean"), WAIT_TIMEOUT.set(deadline.timeout)
-            try:
-                blocks = session.result_blocks
-                cap = blocks.capacity
-                if me == 0:
-                    assert split is not None
-                    bodies = split.frames
-                    nxt = blocks.announce(fp, {r: len(b) for r, b in bodies.items()}, counts)
-                    send = bytearray(w * cap)
-                    for r in range(1, w):
-                        body = bodies[r]
-                        assert len(body) <= cap - ResultChunk.HEADER, "lean_main: a result outgrew its block"
-                        chunk = ResultChunk(OK, False, nxt, len(body), fp, seq, V_OK, self.next_block)
-                        chunk.pack_into(send, r * cap, body, cap)
-                    out = np.frombuffer(send, dtype=np.uint8)
-                    backend.scatter(out, cap, root=0, channel=1, timeout=deadline.left())
-                    blocks.advance(nxt)
-                    return split.result
-                buf = backend.scatter(np.empty(0, dtype=np.uint8), cap, root=0, channel=1, timeout=deadline.left())
-                chunk = ResultChunk.unpack(buf.data)
-                assert (chunk.fp, chunk.seq, chunk.status, chunk.verdict, chunk.overflow) == (fp, seq, OK, V_OK, False)
-                blocks.advance(chunk.next_capacity)
-                session.inbound_blocks.learn(seq, chunk.next_block)
-                nrows, cols, meta = read_frame(buf[ResultChunk.HEADER : ResultChunk.HEADER + chunk.body_bytes], False)
-                assert nrows == bound.n
-                return rebuild_result(meta.get("keys"), cols, None)
-            finally:
-                WAIT_TIMEOUT.reset(timed)
-                WAIT_CALL.reset(called)
+            blocks = session.result_blocks
+            cap = blocks.capacity
+            if me == 0:
+                assert split is not None
+                bodies = split.frames
+                nxt = blocks.announce(fp, {r: len(b) for r, b in bodies.items()}, counts)
+                send = bytearray(w * cap)
+                for r in range(1, w):
+                    body = bodies[r]
+                    assert len(body) <= cap - ResultChunk.HEADER, "lean_main: a result outgrew its block"
+                    chunk = ResultChunk(OK, False, nxt, len(body), fp, seq, V_OK, self.next_block)
+                    chunk.pack_into(send, r * cap, body, cap)
+                out = np.frombuffer(send, dtype=np.uint8)
+                backend.scatter(out, cap, root=0, channel=1, timeout=deadline.left())
+                blocks.advance(nxt)
+                return split.result
+            buf = backend.scatter(np.empty(0, dtype=np.uint8), cap, root=0, channel=1, timeout=deadline.left())
+            chunk = ResultChunk.unpack(buf.data)
+            assert (chunk.fp, chunk.seq, chunk.status, chunk.verdict, chunk.overflow) == (fp, seq, OK, V_OK, False)
+            blocks.advance(chunk.next_capacity)
+            session.inbound_blocks.learn(seq, chunk.next_block)
+            nrows, cols, meta = read_frame(buf[ResultChunk.HEADER : ResultChunk.HEADER + chunk.body_bytes], False)
+            assert nrows == bound.n
+            return rebuild_result(meta.get("keys"), cols, None)
 
-        out = session.turns[1].run(seq, results, deadline, "lean")
+        out = in_turn(1, results)
         session.close(seq)
         return out
 
