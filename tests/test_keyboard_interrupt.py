@@ -11,6 +11,7 @@ import asyncio
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +26,20 @@ class InterruptsWhenSent:
 
     def __reduce__(self) -> Any:
         raise KeyboardInterrupt("interrupted while encoding")
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises() -> Iterator[None]:
+    """A Ctrl-C raises ``KeyboardInterrupt`` here, as in a terminal, even where the runner started with SIGINT ignored.
+
+    (A shell starts a background job with SIGINT ignored, and Python then leaves it ignored: the interrupts these
+    tests send would never arrive.)
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_keyboard_interrupt_while_a_reward_group_member_encodes_raises_on_every_rank_at_once() -> None:
@@ -169,8 +184,8 @@ def test_interrupt_while_a_waiting_turn_retakes_its_lock_leaves_another_threads_
     (finishing a turn, handing the next step to a worker) is never cut short by a release from here,
     and the turnstile keeps its order afterwards.
     """
-    from syncreward._outcome import Value
     from syncreward._deadline import Deadline
+    from syncreward._outcome import Value
     from syncreward._turnstile import Latch, Turnstile
 
     assert threading.current_thread() is threading.main_thread()

@@ -82,6 +82,9 @@ def _wait_for(path: Path, limit: float = 60.0) -> None:
 def _ctrl_c_body(rank: int, world_size: int, kind: str, tmp: str) -> tuple[str, list[str]]:
     import torch.distributed as dist
 
+    # a Ctrl-C raises KeyboardInterrupt, as in a terminal: a runner started with SIGINT ignored (a shell's
+    # background job) would pass that on to this fresh process, and the interrupts below would never arrive
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     scoring, gone = Path(tmp, "scoring"), Path(tmp, "gone")
 
     def reward(completions: Any, **kwargs: Any) -> list[float]:
