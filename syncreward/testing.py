@@ -5,7 +5,9 @@
 ``MASTER_ADDR`` and ``MASTER_PORT`` set, so ``accelerate.PartialState()`` works inside too), calls
 ``fn(rank, world_size, *args)`` on each, and returns the per-rank return values in rank order. It never
 hangs: every wait has a deadline, and a failure raises :class:`RanksFailed` with the traceback (or, for a
-hung rank, the stack dump) of every rank that did not finish.
+hung rank, the stack dump) of every rank that did not finish. The ranks are spawned (seconds each on a small
+machine), or with ``start_method="forkserver"`` forked from a fork server that imported torch once (about a
+tenth of a second per ``run_ranks``; Linux).
 
 Example:
     Test that a synced reward on 3 ranks equals the plain function on the concatenated batch::
@@ -71,6 +73,7 @@ import asyncio
 import contextlib
 import inspect
 import multiprocessing as mp
+import multiprocessing.reduction
 import os
 import pickle
 import queue
@@ -121,17 +124,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _Fd:
+    """One of the parent's file descriptors, as a rank process receives it however it was started.
+
+    A spawned process inherits the parent's descriptors as they are when it starts; a fork server's child
+    inherits the server's, as they were when the server started (under pytest: another test's capture). The
+    descriptor travels with the process's arguments instead (``multiprocessing.reduction.DupFd``), and the
+    rank puts it in place of its own.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _Fd._received, (multiprocessing.reduction.DupFd(self.fd),)
+
+    @staticmethod
+    def _received(dup: Any) -> int:
+        return int(dup.detach())
+
+
 def _child(
     rank: int,
     world_size: int,
     port: int,
     backend: str,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
+    body: bytes,
     results: Any,
     log_path: str,
     env: Mapping[str, str],
+    stdout: int,
 ) -> None:
+    if stdout != 1:  # fn's prints go where the parent's standard output goes now (see _Fd)
+        os.dup2(stdout, 1)
+        os.close(stdout)
     log = open(log_path, "w", buffering=1)  # noqa: SIM115 - lives as long as the process
     os.dup2(log.fileno(), 2)
     sys.stderr = log
@@ -139,6 +165,8 @@ def _child(
 
     faulthandler.enable(log)
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
+    # the parent's environment as it is now (a fork server's child has the server's, from when it started)
+    os.environ.clear()
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
@@ -151,6 +179,9 @@ def _child(
     import torch.distributed as dist
 
     try:
+        # fn and its arguments arrive as bytes and are read here, where a failure to import fn's module is
+        # this rank's error, with its traceback, rather than a process that dies before it could say why
+        fn, args = pickle.loads(body)
         if backend != "none":
             dist.init_process_group(backend, rank=rank, world_size=world_size)
         open(log_path + _RUNNING, "w").close()  # (a file, not the queue: an os._exit() would lose a queued note)
@@ -169,6 +200,51 @@ def _child(
         log.flush()
 
 
+_START_METHOD_ENV = "SYNCREWARD_START_METHOD"
+_START_METHODS = ("spawn", "forkserver")
+_PRELOAD = ["torch", "torch.distributed", "syncreward.testing"]  # what a rank imports first: most of its start
+# Environment variables read when an interpreter, its allocator or torch start (a forked rank has the fork
+# server's); any other variable a rank reads when it runs, from the environment run_ranks gives it.
+_READ_AT_START = ("PYTHON", "LD_", "MALLOC_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_")
+_server_env: dict[str, str] | None = None  # _READ_AT_START's variables as the fork server started with them
+
+
+def _read_at_start(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_READ_AT_START)}
+
+
+def _start_method(start_method: str | None) -> str:
+    """The start method asked for: ``start_method``, else ``$SYNCREWARD_START_METHOD``, else ``"spawn"``."""
+    method = start_method if start_method is not None else (os.environ.get(_START_METHOD_ENV) or "spawn")
+    if method not in _START_METHODS:
+        origin = "start_method" if start_method is not None else f"${_START_METHOD_ENV}"
+        raise ValueError(f"run_ranks(): {origin}={method!r} is not one of {', '.join(map(repr, _START_METHODS))}")
+    return method
+
+
+def _context(method: str, rank_env: Mapping[str, str]) -> Any:
+    """The multiprocessing context that starts the ranks: ``method``'s, where it gives them what spawning does.
+
+    ``"forkserver"`` forks each rank from multiprocessing's fork server, which imported torch once, when the
+    first such ``run_ranks`` started it. It is used on Linux only (elsewhere forking a process that
+    imported torch is not safe), and only while the ranks' start-up variables (``_READ_AT_START``) are the
+    ones the server started with; otherwise the ranks are spawned.
+    """
+    global _server_env
+    if method != "forkserver" or sys.platform != "linux" or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    wanted = _read_at_start(rank_env)
+    server = _server_env
+    if server is None:  # the server will start now, with this process's environment as it is
+        server = _read_at_start({k: v for k, v in os.environ.items() if k not in _DIST_ENV})
+    if wanted != server:
+        return mp.get_context("spawn")
+    _server_env = server
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)  # (read when the server starts: a running one is used as it is)
+    return ctx
+
+
 def _finish(value: Any) -> Any:
     """A rank body's result; a coroutine (an ``async def`` body) is run to completion in this thread."""
     return asyncio.run(value) if inspect.iscoroutine(value) else value
@@ -183,10 +259,9 @@ def _tail(path: str, limit: int = 8000) -> str:
 
 
 _DIED_STARTING = (
-    "it died while starting, before it ran fn: importing fn's module or unpickling fn and its arguments failed "
-    "(the error is on this process's stderr, above). HINT: a script that calls run_ranks needs an "
-    "`if __name__ == '__main__':` guard around it (each rank imports the script again); fn must be importable "
-    "by name in a fresh process."
+    "it died while starting, before it could import fn: most often importing the main module failed (the "
+    "error is on this process's stderr, above). HINT: a script that calls run_ranks needs an "
+    "`if __name__ == '__main__':` guard around it (each rank imports the script again)."
 )
 _DIED_RUNNING = (
     "it ended while running fn, without returning or raising and without printing anything: os._exit(), a "
@@ -195,8 +270,8 @@ _DIED_RUNNING = (
 _RUNNING = ".running"  # beside a rank's log: the rank got as far as calling fn
 
 
-def _check_spawnable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """Raise ``TypeError`` for an ``fn`` (or arguments) that fresh processes cannot receive, saying why."""
+def _check_spawnable(fn: Callable[..., Any], args: tuple[Any, ...]) -> bytes:
+    """``fn`` and ``args`` pickled; ``TypeError`` for an ``fn`` (or arguments) fresh processes cannot receive."""
     main = sys.modules.get("__main__")
     if getattr(fn, "__module__", None) == "__main__" and main is not None and getattr(main, "__spec__", None) is None:
         path = getattr(main, "__file__", None)
@@ -208,7 +283,7 @@ def _check_spawnable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
                 "`if __name__ == '__main__':` guard); run_threads runs any callable, closures included."
             )
     try:
-        pickle.dumps((fn, args))
+        return pickle.dumps((fn, args))
     except Exception as e:
         raise TypeError(
             f"run_ranks() cannot send fn or its arguments to its ranks: {type(e).__name__}: {e}. HINT: fn must be "
@@ -224,8 +299,13 @@ def run_ranks(
     timeout: float = 120.0,
     backend: str = "gloo",
     env: Mapping[str, str] | None = None,
+    start_method: str | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes and return their results.
+
+    Each rank is a fresh process: it imports ``fn`` by name and has this process's environment, working
+    directory, ``sys.path`` and standard output as they are when ``run_ranks`` starts it, and none of its
+    other state. What ``fn`` prints appears here; what it writes to standard error is shown if it fails.
 
     Args:
         fn: a picklable (module-level) function; an ``async def`` one is run with :func:`asyncio.run`.
@@ -235,6 +315,19 @@ def run_ranks(
             (its stack is shown) and killed.
         backend: ``torch.distributed`` backend to initialise (``"gloo"``), or ``"none"`` to leave it to ``fn``.
         env: extra environment variables for the ranks.
+        start_method: how the ranks start; ``None`` reads ``$SYNCREWARD_START_METHOD``, else ``"spawn"``.
+
+            * ``"spawn"``: each rank starts its own interpreter and imports torch: seconds per
+              ``run_ranks`` on a small machine, and each rank draws its own ``str`` hash seed, as the
+              ranks of a real job do.
+            * ``"forkserver"`` (Linux): the ranks are forked from multiprocessing's fork server, which
+              imports torch once, when the first such ``run_ranks`` starts it: about a tenth of a second
+              per ``run_ranks`` after that. The ranks share the server's ``str`` hash seed (set and
+              ``hash()`` order is the same on every rank, unlike real ranks). Where ``env`` or this
+              process's environment changes a variable read when an interpreter or torch starts
+              (``PYTHON*``, ``OMP_*``, ``TORCH_*``, ...), or on another platform, the ranks are spawned.
+              A test suite can set it for every test: ``os.environ["SYNCREWARD_START_METHOD"] =
+              "forkserver"`` in ``conftest.py``.
 
     Returns:
         The values ``fn`` returned, in rank order.
@@ -243,20 +336,29 @@ def run_ranks(
         RanksFailed: a rank raised, died or did not finish in time; holds every failing rank's output.
         TypeError: ``fn`` or its arguments cannot reach fresh processes (a lambda, a closure, a function
             defined in ``python -c`` or stdin, an unpicklable argument).
+        ValueError: ``start_method`` (or ``$SYNCREWARD_START_METHOD``) is neither ``"spawn"`` nor
+            ``"forkserver"``.
     """
-    _check_spawnable(fn, args)
-    ctx = mp.get_context("spawn")
+    body = _check_spawnable(fn, args)
+    method = _start_method(start_method)
+    # this process's environment as it is now, without a distributed job's variables, and env on top
+    rank_env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+    rank_env.update(env or {})
+    ctx = _context(method, rank_env)
     results = ctx.Queue()
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="syncreward-ranks-")
     logs = [os.path.join(tmp, f"rank{r}.log") for r in range(world_size)]
-    clean_env = {k: v for k, v in (env or {}).items()}
-    saved = {k: os.environ.pop(k) for k in _DIST_ENV if k in os.environ}
+    # the ranks start with rank_env: a spawned interpreter reads its start-up variables (PYTHONHASHSEED) itself
+    saved = {k: os.environ.get(k) for k in {*_DIST_ENV, *(env or {})}}
     try:
+        for k in _DIST_ENV:
+            os.environ.pop(k, None)
+        os.environ.update(env or {})
         procs = [
             ctx.Process(
                 target=_child,
-                args=(r, world_size, port, backend, fn, args, results, logs[r], clean_env),
+                args=(r, world_size, port, backend, body, results, logs[r], rank_env, _Fd(1)),
                 name=f"syncreward-rank{r}",
                 daemon=True,
             )
@@ -265,7 +367,11 @@ def run_ranks(
         for p in procs:
             p.start()
     finally:
-        os.environ.update(saved)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     deadline = time.monotonic() + timeout
     outcome: dict[int, tuple[str, Any]] = {}
     try:

@@ -5,6 +5,14 @@ from collections.abc import Iterator
 
 import pytest
 
+# run_ranks forks the ranks of most tests from a fork server that imported torch once (a tenth of a second
+# per test instead of seconds). Forked ranks share one str hash seed; test_distributed.py keeps spawned ranks,
+# each with its own, as real ranks have. A value set outside (SYNCREWARD_START_METHOD=spawn) wins.
+os.environ.setdefault("SYNCREWARD_START_METHOD", "forkserver")
+# One thread per rank process (several ranks share a few cores), for the whole session: the fork server starts
+# with it, and a rank whose start-up variables differ from the server's would be spawned.
+os.environ["OMP_NUM_THREADS"] = "1"
+
 _DIST_ENV = (
     "RANK",
     "WORLD_SIZE",
@@ -23,7 +31,6 @@ def _clean_distributed_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for key in list(os.environ):
         if key in _DIST_ENV or key.startswith("ACCELERATE_"):
             monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     yield
     import torch.distributed as dist
 

@@ -18,6 +18,13 @@ from syncreward.testing import run_ranks
 
 pytestmark = pytest.mark.multiprocess
 
+
+@pytest.fixture(autouse=True)
+def _spawned_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These ranks are spawned (conftest.py forks most tests' ranks): each draws its own str hash seed."""
+    monkeypatch.setenv("SYNCREWARD_START_METHOD", "spawn")
+
+
 # Local batch sizes per world size: uneven, with empty ranks (and an empty rank 0, the scoring rank).
 SIZES = {1: [3], 2: [3, 0], 3: [0, 4, 2], 4: [2, 0, 5, 1]}
 

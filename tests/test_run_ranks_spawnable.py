@@ -28,8 +28,8 @@ BODY = textwrap.dedent(
 )
 
 
-def _python(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _python(args: list[str], stdin: str | None = None, **env_vars: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_vars}
     return subprocess.run(
         [sys.executable, *args], input=stdin, capture_output=True, text=True, timeout=120, env=env, check=False
     )
@@ -72,12 +72,13 @@ def _identity_body(rank: int, world_size: int, arg: object) -> int:
 
 
 @pytest.mark.multiprocess
-def test_run_ranks_rank_dying_while_starting_says_where(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_run_ranks_rank_dying_while_starting_says_where(tmp_path: Path, method: str) -> None:
     script = tmp_path / "no_guard.py"  # no `if __name__ == "__main__":`: each rank runs run_ranks again
     script.write_text(BODY)
-    proc = _python([str(script)])
+    proc = _python([str(script)], SYNCREWARD_START_METHOD=method)
     assert proc.returncode == 1
-    assert "it died while starting, before it ran fn" in proc.stderr, proc.stderr[-3000:]
+    assert "it died while starting, before it could import fn" in proc.stderr, proc.stderr[-3000:]
     assert "HINT: a script that calls run_ranks needs an `if __name__ == '__main__':` guard" in proc.stderr
     assert RanksFailed.__name__ in proc.stderr
 
