@@ -11,6 +11,8 @@ import os
 import time
 from typing import Any
 
+import pytest
+
 import syncreward
 from syncreward import synced_reward
 from syncreward.testing import run_ranks, run_threads
@@ -105,6 +107,42 @@ def test_main_meeting_another_mode_raises_mismatch_on_every_rank_at_once_then_th
         assert "different synced calls" in after[1], after
 
 
+def _modes_meet_late(rank: int, world_size: int, odd: int) -> tuple[str, str, float]:
+    reward = lambda completions, **kw: [float(len(c)) for c in completions]  # noqa: E731
+    main = synced_reward(mode="main", timeout=30)(reward)
+    other = synced_reward(mode="replicate", timeout=30)(reward)
+    if rank == odd:
+        time.sleep(1.0)  # the others are in their exchanges first: rank 1 already waits for its results
+    t0 = time.perf_counter()
+    try:
+        (other if rank == odd else main)([f"r{rank}"] * (rank + 1))
+        got = ("ok", "", time.perf_counter() - t0)
+    except syncreward.SyncRewardError as e:
+        kind = type(e).__name__ + (" (a MismatchError)" if isinstance(e, syncreward.MismatchError) else "")
+        got = (kind, str(e), time.perf_counter() - t0)
+    time.sleep(3.0)  # every rank stays (a trainer that logs the error and goes on): no exit tells the others
+    return got
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_main_non_scoring_ranks_beside_a_rank_of_another_mode_raise_mismatch_at_once_on_gloo_ranks(
+    world_size: int,
+) -> None:
+    """Over gloo a non-scoring rank of main is done with its gather at once and waits for its results in a
+    scatter: it learns of the mismatch from the ranks that meet it (rank 0's gather, the odd rank's all_to_all),
+    and raises the same MismatchError, naming where it waits, within seconds -- not at timeout=30."""
+    odd = world_size - 1
+    results = run_ranks(_modes_meet_late, world_size, odd, timeout=120)
+    for rank, (kind, text, seconds) in enumerate(results):
+        assert kind == "CollectiveMismatchError (a MismatchError)", (rank, kind, text)
+        assert "rank 0: in a gather (mode='main')" in text, text
+        assert f"rank {odd}: in an all_to_all" in text, text
+        if 0 < rank < odd:
+            assert f"rank {rank}: in a scatter" in text, text
+        assert seconds < 10, (rank, seconds, text)
+
+
 def test_syncreward_gloo_groups_leave_the_users_environment_and_groups_as_they_were() -> None:
     """TORCH_GLOO_LAZY_INIT is set only while syncreward builds its own gloo groups, then restored."""
     results = run_ranks(_lazy_body, 2, timeout=120)
@@ -179,3 +217,25 @@ def test_main_waiting_ranks_read_their_peers_arrival_records_in_a_fixed_number_o
         counts = results[rank]
         assert counts.get("multi_get", 0) >= 3, (rank, counts)  # polled several times, reading the records at once
         assert counts.get("get", 0) <= 1, (rank, counts)  # not one read per peer (the abort record aside)
+
+
+def test_a_mismatch_record_names_every_rank_it_names_and_the_reader() -> None:
+    """The abort record the ranks that meet in different collectives leave for the others (no ranks needed)."""
+    from syncreward._errors import CollectiveMismatchError
+    from syncreward.backends.torch_distributed import _mismatch_error, _mismatch_record
+
+    record = _mismatch_record({2: "all_to_all", 0: "gather"})
+    assert record == "M0:gather 2:all_to_all"
+    error = _mismatch_error(record, 1, "scatter")
+    assert isinstance(error, CollectiveMismatchError)
+    assert isinstance(error, syncreward.MismatchError)
+    lines = [line.strip() for line in str(error).splitlines() if line.startswith("  rank")]
+    assert lines == [
+        "rank 0: in a gather (mode='main')",
+        "rank 1: in a scatter (mode='main''s results)",
+        "rank 2: in an all_to_all (mode='replicate' or 'shard', or a reward group's hit)",
+    ]
+    assert "rank 1" not in str(_mismatch_error(record, 1, None))  # a rank that waits nowhere adds nothing
+    odd = _mismatch_error("Mno colon here", 1, "scatter")  # not a record this version writes
+    assert not isinstance(odd, CollectiveMismatchError)
+    assert "no colon here" in str(odd)

@@ -456,6 +456,27 @@ def _error_message(reason: str) -> str:
     )
 
 
+def _mismatch_record(kinds: Mapping[int, str]) -> str:
+    """The abort record of ranks met in different collectives: ``M``, then each rank's (``M0:gather 2:all_to_all``)."""
+    return "M" + " ".join(f"{r}:{k}" for r, k in sorted(kinds.items()))
+
+
+def _mismatch_error(record: str, rank: int, kind: str | None) -> CommunicationError:
+    """What a rank raises on reading a mismatch record (:func:`_mismatch_record`) while it waits in ``kind``.
+
+    A ``CollectiveMismatchError`` naming every rank the record names, and this one (``main``'s non-scoring
+    ranks wait for their results in a scatter on the other channel: only the ranks left waiting in the
+    mismatched collectives see the mismatch themselves).
+    """
+    try:
+        kinds = {int(r): k for r, k in (item.split(":", 1) for item in record[1:].split())}
+    except ValueError:  # not a record this version writes
+        return CommunicationError(f"another rank reported a failure ({record[1:]}). HINT: the group is now unusable.")
+    if kind is not None:
+        kinds.setdefault(rank, kind)
+    return CollectiveMismatchError(collective_mismatch_message(kinds))
+
+
 @functools.lru_cache(maxsize=64)  # a call's few timeouts (its own, a wait's first slice): made once each
 def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
@@ -731,6 +752,8 @@ class TorchDistributedBackend:
             raise CommunicationError(late_message(record[1:]))
         if record.startswith("E"):
             raise CommunicationError(_error_message(record[1:]))
+        if record.startswith("M"):
+            raise _mismatch_error(record, self._rank, None)
         raise CommunicationError(
             f"the other ranks' group failed before this rank arrived ({record[1:]}). HINT: a peer process probably "
             "exited, crashed or was killed; see its log. The group is now unusable."
@@ -952,7 +975,7 @@ class TorchDistributedBackend:
             elif waits.due():
                 waits.warn(self._not_arrived(channel, op), "arrive in this exchange")
             try:
-                gave_up = self._check_peers()
+                gave_up = self._check_peers(kind)
                 self._raise_if_left(channel, op, self._store)
                 self._raise_if_other_kind(channel, op, kind)
             except CommunicationError:
@@ -989,6 +1012,10 @@ class TorchDistributedBackend:
         while len(kinds) < self._world_size and time.monotonic() < end:
             time.sleep(0.05)
             kinds = self._kinds(channel, op, kind)
+        if self._store is not None:  # the ranks waiting elsewhere (main's non-scoring ones) raise it too
+            with contextlib.suppress(Exception):
+                if not self._store.check(["abort"]):
+                    self._store.set("abort", _mismatch_record(kinds))
         raise CollectiveMismatchError(collective_mismatch_message(kinds))
 
     def _kinds(self, channel: int, op: int, kind: str) -> dict[int, str]:
@@ -1036,6 +1063,8 @@ class TorchDistributedBackend:
             reason = self._peer_abort()
             if reason is not None and reason.startswith("E"):  # a peer's own failure, told before it left: the cause
                 raise CommunicationError(_error_message(reason[1:])) from e
+            if reason is not None and reason.startswith("M"):  # the ranks met in different collectives: the cause
+                raise _mismatch_error(reason, self._rank, None) from e
             try:
                 self._raise_if_left(channel, op, self._store)
             except CommunicationError as left:
@@ -1048,8 +1077,12 @@ class TorchDistributedBackend:
                 self._store.set("abort", f"Frank {self._rank} lost its connection to the others ({what})")
         raise error from e
 
-    def _check_peers(self) -> bool:
-        """Raise if a peer's transport failed; return whether a peer gave up waiting (timed out)."""
+    def _check_peers(self, kind: str | None = None) -> bool:
+        """Raise if a peer's transport or step failed, or the ranks met in different collectives.
+
+        ``kind``: the collective this rank waits in (a mismatch's message names it); returns whether a peer
+        gave up waiting (timed out).
+        """
         reason = self._peer_abort()
         if reason is None:
             return False
@@ -1057,6 +1090,8 @@ class TorchDistributedBackend:
             return True
         if reason.startswith("E"):
             raise CommunicationError(_error_message(reason[1:]))
+        if reason.startswith("M"):
+            raise _mismatch_error(reason, self._rank, kind)
         raise CommunicationError(
             f"{reason[1:]}. HINT: a peer process probably exited, crashed or was killed; see its log. The group is "
             "now unusable."
