@@ -260,7 +260,10 @@ async def _wait(fut: Future[Outcome[Any]], call: Call, channel: int) -> Outcome[
         return await asyncio.wait_for(asyncio.shield(wrapped), call.deadline.left())
     except asyncio.TimeoutError:
         if not call.session.withdraw(channel, call.seq):
-            return await wrapped  # it is exchanging: the backend bounds that by the call's deadline
+            # it is exchanging: the backend bounds that by the call's deadline. Shielded: a cancelled caller
+            # must not cancel the exchange itself (a future whose job has not started yet would be skipped on
+            # this rank alone); _abandon drives the rest
+            return await asyncio.shield(wrapped)
     error = stuck_error(call_words(call.seq, call.spec.name), call.deadline.timeout)
     call.session.break_(reason_of(error))
     return Error(error)
@@ -279,6 +282,9 @@ def _abandon(
     session, seq, name = call.session, call.seq, call.spec.name
     session.close(seq)
 
+    def done(f: Future[Outcome[Any]]) -> None:
+        advance(Error(error) if f.cancelled() else f.result())  # (cancelled: its work never ran)
+
     def advance(got: Outcome[Any] | None) -> None:
         try:
             request = next(sequence) if got is None else sequence.send(got)
@@ -287,10 +293,10 @@ def _abandon(
         except StopIteration:
             return  # the call is over; its outcome was raised in the caller already
         submitted = session.submit(request.channel, seq, request.work, call.deadline, name)
-        submitted.add_done_callback(lambda f: advance(f.result()))
+        submitted.add_done_callback(done)
 
     if pending is not None:
-        pending.add_done_callback(lambda f: advance(f.result()))
+        pending.add_done_callback(done)
     else:
         advance(Error(error) if scored else None)
 
