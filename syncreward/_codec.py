@@ -68,7 +68,7 @@ import re
 import struct
 import sys
 from collections import UserString
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import accumulate, chain, pairwise
 from operator import itemgetter
 from typing import Any
@@ -232,6 +232,30 @@ def _plain_only(type_name: str, column: str | None = None, function: str | None 
         "(str, bytes, int, float, bool, None, list, tuple, dict, numpy arrays/scalars, torch tensors, "
         f"and PIL images in named columns). HINT: {leave}convert it to plain data, or pass allow_pickle=True "
         "(pickle runs code when decoded: trusted clusters only)."
+    )
+
+
+def _unsendable_result(e: Exception, label: str, function: str | None) -> UnsupportedTypeError:
+    """What a function's result the wire cannot carry says: ``label`` names it (``results['acc']``, ``its result``).
+
+    A result is not an input column: the user never named it, so the message names what the function returned
+    and says what to return instead (an input's hint, ``exclude=``, does not apply).
+    """
+    kind = getattr(e, "unsupported_type", None)
+    if kind is not None:
+        why = f"it holds a {kind}"
+    elif isinstance(e, RecursionError):
+        why = "a value in it is nested too deeply (or holds itself)"
+    elif isinstance(e, UnsupportedTypeError):
+        why = str(e).split(" HINT: ")[0].rstrip(".")  # the value's own words; the hint below is a result's
+    else:
+        why = f"encoding it failed with {type(e).__name__}: {e}"
+    return UnsupportedTypeError(
+        f"synced function {function!r}: {label} cannot be sent between ranks: {why}. syncreward's wire format "
+        "carries plain data only (str, bytes, int, float, bool, None, list, tuple, dict, numpy arrays/scalars, "
+        "torch tensors, PIL images). HINT: return plain data -- numbers, strings or None per sample, in a list, "
+        "tuple, numpy array or tensor (or a dict of those) -- e.g. a float taken from your own object; or pass "
+        "allow_pickle=True (pickle runs code when decoded: trusted clusters only)."
     )
 
 
@@ -1480,16 +1504,19 @@ def encode_frame(
     droppable: frozenset[str] = frozenset(),
     dropped: list[str] | None = None,
     function: str | None = None,
+    results: Mapping[str, str] | None = None,
 ) -> bytearray:
     """Encode ``columns`` (each ``nrows`` long) and an optional generic ``meta`` value as one frame.
 
     A column named in ``droppable`` that holds non-plain data is left out (never pickled) and its name
     appended to ``dropped`` instead of raising. ``function``: the reward whose inputs the columns are (its
-    name goes into the hint of a column the wire cannot carry); ``None`` for results.
+    name goes into the hint of a column the wire cannot carry), or whose result they are. ``results``: the
+    columns are ``function``'s result, and this names each column (by its name) as the user knows it:
+    ``results['acc']`` for a dict's value, ``its result`` for a single one.
 
     Raises:
         UnsupportedTypeError: a column (not in ``droppable``) or ``meta`` holds something the wire format
-            cannot carry; the message names the column.
+            cannot carry; the message names the column (or the part of the result: ``results``).
     """
     out = bytearray() if out is None else out
     start = len(out)
@@ -1525,6 +1552,8 @@ def encode_frame(
                 if dropped is not None:
                     dropped.append(col.name)
                 continue
+            if results is not None and (isinstance(e, UnsupportedTypeError) or not isinstance(e, SyncRewardError)):
+                raise _unsendable_result(e, results[col.name], function) from e
             if isinstance(e, UnsupportedTypeError):
                 kind = getattr(e, "unsupported_type", None)
                 text = _plain_only(kind, col.name, function) if kind is not None and function is not None else e

@@ -14,7 +14,6 @@ number of samples each scored (:meth:`Logs.replay_scattered`) -- the batch's val
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -125,12 +124,15 @@ class Logs:
 
         Each metric is replayed once: the mean over the scoring ranks that logged it of their values (a rank
         that logged it several times: the mean of its values), weighted by the samples each scored, in order
-        of first appearance. Every rank receives every scoring rank's records, so every rank replays the same
-        value, which TRL's average over the ranks keeps. The ``log_extra`` values of one column are put back
-        into local sample order (rows no scoring rank logged stay ``None``) and replayed once per column.
+        of first appearance (where no rank scored a sample -- an empty global batch, which one rank scores --
+        the plain mean: that rank's value). Every rank receives every scoring rank's records, so every rank
+        replays the same value, which TRL's average over the ranks keeps. The ``log_extra`` values of one
+        column are put back into local sample order (rows no scoring rank logged stay ``None``) and replayed
+        once per column.
         """
         extras: dict[str, list[Any]] = {}
-        metrics: dict[str, list[float]] = {}  # name -> [sum of weight x the rank's mean, sum of weights]
+        # name -> [sum of weight x the rank's mean, sum of weights, sum of the ranks' means, ranks]
+        metrics: dict[str, list[float]] = {}
         for local_rows, records, scored in parts:
             logged: dict[str, list[float]] = {}
             for kind, key, value in records:
@@ -141,10 +143,13 @@ class Logs:
                 for i, v in zip(local_rows, value, strict=True):
                     col[i] = v
             for key, values in logged.items():
-                total = metrics.setdefault(key, [0.0, 0.0])
-                total[0] += scored * sum(values) / len(values)
+                mean = sum(values) / len(values)
+                total = metrics.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+                total[0] += scored * mean
                 total[1] += scored
-        for key, (weighted, weight) in metrics.items():
-            self.replay([("metric", key, weighted / weight if weight else math.nan)])
+                total[2] += mean
+                total[3] += 1
+        for key, (weighted, weight, plain, ranks) in metrics.items():
+            self.replay([("metric", key, weighted / weight if weight else plain / ranks)])
         for key, col in extras.items():
             self.replay([("extra", key, col)])

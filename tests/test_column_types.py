@@ -48,6 +48,51 @@ def test_non_plain_object_in_named_column_raises_on_every_rank(where: str) -> No
     )
 
 
+def _things_in_a_dict(completions: Any, **kwargs: Any) -> dict[str, list[Thing]]:
+    return {"acc": [Thing(len(c)) for c in completions]}
+
+
+def _things_in_a_list(completions: Any, **kwargs: Any) -> list[Thing]:
+    return [Thing(len(c)) for c in completions]
+
+
+def _lengths(completions: Any, **kwargs: Any) -> list[float]:
+    return [float(len(c)) for c in completions]
+
+
+def _sent_by(how: str, reward: Any) -> Any:
+    """A synced ``reward`` whose results travel between ranks (main, shard, or a reward group's later member)."""
+    if how == "group":  # the later member is a hit: scored on what the first gathered, only its results travel
+        first, later = syncreward.synced_rewards(_lengths, reward, timeout=10)
+        return lambda completions: (first(completions), later(completions))[1]
+    if how == "shard":  # group_size=1 on 1 + 2 samples: rank 0 scores rank 1's first sample and must send it back
+        return synced_reward(reward, mode="shard", group_size=1, timeout=10)
+    return synced_reward(reward, timeout=10)
+
+
+@pytest.mark.parametrize("how", ["main", "shard", "group"])
+@pytest.mark.parametrize(
+    ("reward", "named"),
+    [(_things_in_a_dict, "results['acc']"), (_things_in_a_list, "its result")],
+    ids=["dict", "list"],
+)
+def test_a_result_the_wire_cannot_carry_is_named_as_the_result_on_every_rank(reward: Any, named: str, how: str) -> None:
+    synced = _sent_by(how, reward)
+
+    def body(rank: int, world_size: int) -> tuple[str, Any]:
+        return outcome(synced, [f"r{rank}s{i}" for i in range(rank + 1)])[:2]
+
+    results = run_threads(body, 2, timeout=60)
+    kinds = [kind for kind, _ in results]
+    assert kinds == ["UnsupportedTypeError", "RemoteError"], results  # rank 0 could not send rank 1 its rows
+    origin, exc_type, remote_message = results[1][1]
+    assert (origin, exc_type) == (0, "syncreward.UnsupportedTypeError"), results
+    for message in (results[0][1], remote_message):
+        assert f"{named} cannot be sent between ranks: it holds a {__name__}.Thing" in message, message
+        assert "HINT: return plain data" in message, message
+        assert "column '" not in message, message  # the result is not an input column the user passed
+
+
 def test_non_plain_column_beyond_the_first_252_kwargs_is_left_behind() -> None:
     """300 ``**kwargs`` columns, the 281st (by name) holding objects the function never uses: it works."""
     names = [f"c{i:03d}" for i in range(300)]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _helpers import outcome
+from _helpers import outcome, same
 
 import syncreward
 from syncreward import synced_reward
@@ -281,3 +281,62 @@ def test_log_metric_in_shard_mode_with_a_value_that_is_no_number_raises_on_every
     assert "HINT" in results[1][1]
     assert results[0][0] == "RemoteError", results
     assert results[0][1][:2] == (1, "syncreward.InputError")
+
+
+# --------------------------------------------------------------------------------------- an empty global batch
+
+calls: list[int] = []  # the batch sizes the reward was called with, over every thread-rank
+
+
+def _empty_dict_reward(completions: Any, log_metric: Any, **kwargs: Any) -> dict[str, list[float]]:
+    calls.append(len(completions))
+    log_metric("scored", float(len(completions)))
+    return {"acc": [1.0 for _ in completions]}
+
+
+def _empty_tensor_reward(completions: Any, log_metric: Any, **kwargs: Any) -> torch.Tensor:
+    calls.append(len(completions))
+    log_metric("scored", float(len(completions)))
+    return torch.zeros(len(completions), 3, dtype=torch.float64)
+
+
+def _empty_batch_results(reward: Any, world_size: int, **options: Any) -> tuple[list[Any], list[Any]]:
+    """What every rank gets back, and logs, when every rank passes no samples."""
+    synced = synced_reward(reward, timeout=10, **options)
+
+    def body(rank: int, world_size: int) -> tuple[Any, list[Any]]:
+        logged: list[Any] = []
+        return synced([], log_metric=lambda name, value: logged.append((name, value))), logged
+
+    got = run_threads(body, world_size, timeout=60)
+    return [r for r, _ in got], [logged for _, logged in got]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("options", [{"group_size": 2}, {"group_by": "completions"}], ids=["group_size", "group_by"])
+@pytest.mark.parametrize("reward", [_empty_dict_reward, _empty_tensor_reward], ids=["dict", "tensor"])
+def test_shard_with_an_empty_global_batch_returns_what_one_process_returns_on_every_rank(
+    reward: Any, options: dict[str, Any], world_size: int
+) -> None:
+    calls.clear()
+    alone_logged: list[Any] = []
+    alone = synced_reward(reward)([], log_metric=lambda name, value: alone_logged.append((name, value)))
+    assert calls == [0]  # one process: the function is called on the empty batch
+    calls.clear()
+    results, logged = _empty_batch_results(reward, world_size, mode="shard", **options)
+    assert calls == [0], "the function is called once, on the empty batch"
+    for rank, got in enumerate(results):
+        assert same(got, alone), (rank, got, alone)  # {'acc': []}, a (0, 3) float64 tensor -- never a bare []
+    assert logged == [alone_logged] * world_size  # every rank logs the metric the empty batch gave: 0.0, not nan
+
+
+def test_shard_with_an_empty_global_batch_raises_what_the_function_raises_on_every_rank() -> None:
+    def mean_length(completions: Any, **kwargs: Any) -> list[float]:
+        mean = sum(len(c) for c in completions) / len(completions)  # ZeroDivisionError on the empty batch
+        return [len(c) - mean for c in completions]
+
+    synced = synced_reward(mean_length, mode="shard", group_size=2, timeout=10)
+    results = run_threads(lambda rank, world_size: outcome(synced, [])[:2], 2, timeout=60)
+    assert results[0][0] == "ZeroDivisionError", results
+    assert results[1][0] == "RemoteError", results
+    assert results[1][1][:2] == (0, "ZeroDivisionError"), results

@@ -6,7 +6,8 @@ or the samples sharing a value of the ``group_by`` column, compared by content: 
 rank a 16-byte digest of each sample's value (:func:`group_keys`), so a TRL conversational prompt (a list
 of message dicts) is a group key like a str. Groups go to ranks in contiguous blocks of
 about equal sample counts, so a group split across ranks by the sampler is scored whole, and the
-results are routed back to the ranks that own the samples.
+results are routed back to the ranks that own the samples. An empty global batch is rank 0's to score, on
+the empty batch, so every rank gets back the container the function returns for it (as in one process).
 
 Several ranks score, so their results must agree in shape before they are put together: every scoring
 rank announces a signature of its result (dict keys, containers, dtypes) in the outbound exchange, and
@@ -32,6 +33,8 @@ from .._transfers import device, encode, exchange, inputs, link, merge
 from ._base import Mode, ModeOption, Scoring, local
 
 __all__ = ["KEY_BYTES", "ShardMode", "assign_by_key", "assign_by_size", "group_keys"]
+
+EMPTY_BATCH_SCORER = 0  # the rank that scores an empty global batch (no rank has a group to score)
 
 
 def assign_by_size(total: int, group_size: int, world_size: int) -> list[int]:
@@ -78,7 +81,8 @@ class _Shard:
 
     def __init__(self, local: list[int], share: dict[int, int], world_size: int) -> None:
         self.sent = [[i for i, d in enumerate(local) if d == dst] for dst in range(world_size)]  # my rows, per scorer
-        # the rows this rank scores, as (source rank, count) in rank order
+        # the rows this rank scores, as (source rank, count) in rank order; empty: this rank scores nothing
+        # (``{rank: 0}``: it scores an empty global batch, :meth:`ShardMode._plan`)
         self.share = {s: n for s, n in share.items() if n}
         self.key_frame: bytes | bytearray = b""
 
@@ -167,16 +171,26 @@ class ShardMode(Mode[ShardScoring]):
         return Value(ShardScoring(inputs(call, inbound, values.value, logs.recording), logs, inbound, plan))
 
     def _plan(self, call: Call, inbound: Inbound, key_frame: bytes) -> _Shard:
-        """Which rank scores each sample (from the group size, or every rank's group keys)."""
+        """Which rank scores each sample (from the group size, or every rank's group keys).
+
+        An empty global batch is scored by :data:`EMPTY_BATCH_SCORER` alone, on the empty batch.
+        """
         w, me = call.world_size, call.rank
         group_size = self.option(call.spec.options, "group_size")
         if group_size is not None:
             if call.bound is not None and inbound.counts[me] != call.bound.n:  # (group_by: the key frames check)
                 raise CodecError(f"this rank's header announced {inbound.counts[me]} samples for its {call.bound.n}")
-            return _Shard.of_size(group_size, inbound.offsets, me, w)
-        assert inbound.headers is not None  # (shard's inbound is an all_to_all: every rank has every header)
-        dest = self._assign_by_key(call, key_frame, inbound.headers.mode_words, inbound.counts)
-        return _Shard.of_dest(dest, inbound.offsets, me, w)
+            plan = _Shard.of_size(group_size, inbound.offsets, me, w)
+        else:
+            assert inbound.headers is not None  # (shard's inbound is an all_to_all: every rank has every header)
+            dest = self._assign_by_key(call, key_frame, inbound.headers.mode_words, inbound.counts)
+            plan = _Shard.of_dest(dest, inbound.offsets, me, w)
+        if not inbound.total and me == EMPTY_BATCH_SCORER:
+            # An empty global batch has no group to give anyone: rank 0 scores it, as one process would, so the
+            # function sees the empty batch once and every rank gets back the container it returns ({"acc": []},
+            # a (0, k) tensor), not a bare list. Every rank knows the batch is empty from the headers.
+            plan.share = {me: 0}
+        return plan
 
     def _assign_by_key(self, call: Call, key_frame: bytes, sizes: list[int], counts: list[int]) -> list[int]:
         keys: list[bytes] = []
