@@ -144,6 +144,15 @@ class _Fd:
         return int(dup.detach())
 
 
+def _stdout() -> _Fd | int:
+    """This process's standard output as a rank receives it; ``-1`` where it has none (a closed descriptor 1)."""
+    try:
+        os.fstat(1)
+    except OSError:
+        return -1
+    return _Fd(1)
+
+
 def _child(
     rank: int,
     world_size: int,
@@ -155,7 +164,7 @@ def _child(
     env: Mapping[str, str],
     stdout: int,
 ) -> None:
-    if stdout != 1:  # fn's prints go where the parent's standard output goes now (see _Fd)
+    if stdout not in (1, -1):  # fn's prints go where the parent's standard output goes now (see _Fd)
         os.dup2(stdout, 1)
         os.close(stdout)
     log = open(log_path, "w", buffering=1)  # noqa: SIM115 - lives as long as the process
@@ -203,14 +212,23 @@ def _child(
 _START_METHOD_ENV = "SYNCREWARD_START_METHOD"
 _START_METHODS = ("spawn", "forkserver")
 _PRELOAD = ["torch", "torch.distributed", "syncreward.testing"]  # what a rank imports first: most of its start
-# Environment variables read when an interpreter, its allocator or torch start (a forked rank has the fork
-# server's); any other variable a rank reads when it runs, from the environment run_ranks gives it.
-_READ_AT_START = ("PYTHON", "LD_", "MALLOC_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_")
-_server_env: dict[str, str] | None = None  # _READ_AT_START's variables as the fork server started with them
+# Environment variables read when an interpreter, the dynamic loader, the allocator, the BLAS/OpenMP runtimes or
+# torch start: a forked rank has the fork server's. Any other variable (PYTHONBREAKPOINT, which ray.init()
+# sets in its driver, is read at each breakpoint()) a rank reads when it runs, from the environment it is given.
+_READ_AT_START = frozenset(
+    {
+        "PYTHONHASHSEED", "PYTHONHOME", "PYTHONWARNINGS", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
+        "PYTHONOPTIMIZE", "PYTHONDEVMODE", "PYTHONFAULTHANDLER", "PYTHONMALLOC", "PYTHONUTF8", "PYTHONIOENCODING",
+        "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONINTMAXSTRDIGITS", "PYTHONTRACEMALLOC", "PYTHONVERBOSE",
+        "LD_PRELOAD", "LD_LIBRARY_PATH",
+    }
+)  # fmt: skip
+_READ_AT_START_PREFIXES = ("MALLOC_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_")
+_server_env: dict[str, str] | None = None  # the variables read at start-up, as the fork server started with them
 
 
 def _read_at_start(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(_READ_AT_START)}
+    return {k: v for k, v in env.items() if k in _READ_AT_START or k.startswith(_READ_AT_START_PREFIXES)}
 
 
 def _start_method(start_method: str | None) -> str:
@@ -227,7 +245,7 @@ def _context(method: str, rank_env: Mapping[str, str]) -> Any:
 
     ``"forkserver"`` forks each rank from multiprocessing's fork server, which imported torch once, when the
     first such ``run_ranks`` started it. It is used on Linux only (elsewhere forking a process that
-    imported torch is not safe), and only while the ranks' start-up variables (``_READ_AT_START``) are the
+    imported torch is not safe), and only while the ranks' start-up variables (:func:`_read_at_start`) are the
     ones the server started with; otherwise the ranks are spawned.
     """
     global _server_env
@@ -325,7 +343,8 @@ def run_ranks(
               per ``run_ranks`` after that. The ranks share the server's ``str`` hash seed (set and
               ``hash()`` order is the same on every rank, unlike real ranks). Where ``env`` or this
               process's environment changes a variable read when an interpreter or torch starts
-              (``PYTHON*``, ``OMP_*``, ``TORCH_*``, ...), or on another platform, the ranks are spawned.
+              (``PYTHONHASHSEED``, ``LD_PRELOAD``, ``OMP_*``, ``TORCH_*``, ...), or on another platform,
+              the ranks are spawned.
               A test suite can set it for every test: ``os.environ["SYNCREWARD_START_METHOD"] =
               "forkserver"`` in ``conftest.py``.
 
@@ -358,7 +377,7 @@ def run_ranks(
         procs = [
             ctx.Process(
                 target=_child,
-                args=(r, world_size, port, backend, body, results, logs[r], rank_env, _Fd(1)),
+                args=(r, world_size, port, backend, body, results, logs[r], rank_env, _stdout()),
                 name=f"syncreward-rank{r}",
                 daemon=True,
             )

@@ -60,6 +60,20 @@ def test_run_ranks_env_changing_a_start_up_variable_spawns_the_ranks(monkeypatch
     assert got == [(0, True), (0, True)]  # spawned (this process is their parent), hash randomization off
 
 
+def _breakpoint_hook(rank: int, world_size: int) -> tuple[str | None, bool]:
+    return os.environ.get("PYTHONBREAKPOINT"), os.getppid() == int(os.environ["PARENT"])
+
+
+def test_run_ranks_a_variable_read_at_run_time_keeps_the_ranks_forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ray.init() sets PYTHONBREAKPOINT in its driver for good: it is read at each breakpoint(), not at start-up,
+    so the ranks stay forked (a suite that starts Ray once would otherwise spawn every later test's ranks)."""
+    monkeypatch.setenv("PARENT", str(os.getpid()))
+    run_ranks(_breakpoint_hook, 2, start_method="forkserver", timeout=120)  # (the server runs from here on)
+    monkeypatch.setenv("PYTHONBREAKPOINT", "ray.util.rpdb._driver_set_trace")
+    got = run_ranks(_breakpoint_hook, 2, start_method="forkserver", timeout=120)
+    assert got == [("ray.util.rpdb._driver_set_trace", False)] * 2
+
+
 def _prints(rank: int, world_size: int) -> int:
     print(f"printed by rank {rank}", flush=True)
     return rank
