@@ -70,9 +70,12 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import inspect
 import multiprocessing as mp
+import multiprocessing.connection
+import multiprocessing.forkserver
 import multiprocessing.reduction
 import os
 import pickle
@@ -159,10 +162,10 @@ def _child(
     port: int,
     backend: str,
     body: bytes,
-    results: Any,
     log_path: str,
     env: Mapping[str, str],
     stdout: int,
+    forked: bool,
 ) -> None:
     if stdout not in (1, -1):  # fn's prints go where the parent's standard output goes now (see _Fd)
         os.dup2(stdout, 1)
@@ -185,6 +188,10 @@ def _child(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    if forked:  # what the server's interpreter read from its own environment once: read again from this one
+        if hasattr(time, "tzset"):
+            time.tzset()  # TZ
+        tempfile.tempdir = None  # TMPDIR (tempfile keeps what it found first)
     import torch.distributed as dist
 
     try:
@@ -197,16 +204,41 @@ def _child(
         value = _finish(fn(rank, world_size, *args))
         # plain pickle: torch's multiprocessing reductions would share tensors through file descriptors
         # that die with this process before the parent reads them
-        results.put((rank, "ok", pickle.dumps(value)))
+        _post(log_path, ("ok", pickle.dumps(value)))
     except BaseException as e:
         text = "".join(traceback.format_exception(e))
         print(text, file=log)
-        results.put((rank, "error", text))
+        _post(log_path, ("error", text))
     finally:
         with contextlib.suppress(Exception):
             if dist.is_initialized():
                 dist.destroy_process_group()
         log.flush()
+        if forked:  # a fork server's child ends with os._exit(): the atexit handlers would never run
+            atexit._run_exitfuncs()
+
+
+_RESULT = ".result"  # beside a rank's log: what it returned or raised, (status, value) pickled
+
+
+def _post(log_path: str, outcome: tuple[str, Any]) -> None:
+    """This rank's outcome, for the parent: written whole, then renamed into place (never read half written).
+
+    A file, not a pipe: a rank killed while it writes (out of memory, SIGKILL) leaves no result, where a
+    pipe would leave the parent blocked reading the rest of a message that never comes.
+    """
+    part = log_path + _RESULT + ".part"
+    with open(part, "wb") as f:
+        pickle.dump(outcome, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(part, log_path + _RESULT)
+
+
+def _posted(log_path: str) -> tuple[str, Any] | None:
+    try:
+        with open(log_path + _RESULT, "rb") as f:
+            return pickle.load(f)  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        return None
 
 
 _START_METHOD_ENV = "SYNCREWARD_START_METHOD"
@@ -220,11 +252,12 @@ _READ_AT_START = frozenset(
         "PYTHONHASHSEED", "PYTHONHOME", "PYTHONWARNINGS", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE",
         "PYTHONOPTIMIZE", "PYTHONDEVMODE", "PYTHONFAULTHANDLER", "PYTHONMALLOC", "PYTHONUTF8", "PYTHONIOENCODING",
         "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONINTMAXSTRDIGITS", "PYTHONTRACEMALLOC", "PYTHONVERBOSE",
-        "LD_PRELOAD", "LD_LIBRARY_PATH",
+        "LANG", "LC_ALL", "LC_CTYPE", "LD_PRELOAD", "LD_LIBRARY_PATH",
     }
 )  # fmt: skip
 _READ_AT_START_PREFIXES = ("MALLOC_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_")
 _server_env: dict[str, str] | None = None  # the variables read at start-up, as the fork server started with them
+_STARTING = threading.Lock()  # one run_ranks at a time changes this process's environment to start its ranks
 
 
 def _read_at_start(env: Mapping[str, str]) -> dict[str, str]:
@@ -260,6 +293,17 @@ def _context(method: str, rank_env: Mapping[str, str]) -> Any:
     _server_env = server
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)  # (read when the server starts: a running one is used as it is)
+    # started here, before the ranks' env= is applied, importing what this process's sys.path finds (the
+    # server's interpreter would otherwise preload syncreward from its default path: another checkout)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + ([saved] if saved else []))
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
     return ctx
 
 
@@ -321,9 +365,10 @@ def run_ranks(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes and return their results.
 
-    Each rank is a fresh process: it imports ``fn`` by name and has this process's environment, working
-    directory, ``sys.path`` and standard output as they are when ``run_ranks`` starts it, and none of its
-    other state. What ``fn`` prints appears here; what it writes to standard error is shown if it fails.
+    Each rank is a fresh process: it imports ``fn`` by name and has this process's environment (time zone and
+    temporary directory included), working directory, ``sys.path`` and standard output as they are when
+    ``run_ranks`` starts it, and none of its other state; its ``atexit`` handlers run when it ends. What ``fn``
+    prints appears here; what it writes to standard error is shown if it fails.
 
     Args:
         fn: a picklable (module-level) function; an ``async def`` one is run with :func:`asyncio.run`.
@@ -360,63 +405,60 @@ def run_ranks(
     """
     body = _check_spawnable(fn, args)
     method = _start_method(start_method)
-    # this process's environment as it is now, without a distributed job's variables, and env on top
-    rank_env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-    rank_env.update(env or {})
-    ctx = _context(method, rank_env)
-    results = ctx.Queue()
+    stdout = _stdout()
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="syncreward-ranks-")
     logs = [os.path.join(tmp, f"rank{r}.log") for r in range(world_size)]
-    # the ranks start with rank_env: a spawned interpreter reads its start-up variables (PYTHONHASHSEED) itself
-    saved = {k: os.environ.get(k) for k in {*_DIST_ENV, *(env or {})}}
-    try:
-        for k in _DIST_ENV:
-            os.environ.pop(k, None)
-        os.environ.update(env or {})
-        procs = [
-            ctx.Process(
-                target=_child,
-                args=(r, world_size, port, backend, body, results, logs[r], rank_env, _stdout()),
-                name=f"syncreward-rank{r}",
-                daemon=True,
-            )
-            for r in range(world_size)
-        ]
-        for p in procs:
-            p.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
+    with _STARTING:
+        # this process's environment as it is now, without a distributed job's variables, and env on top
+        rank_env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+        rank_env.update(env or {})
+        ctx = _context(method, rank_env)
+        forked = ctx.get_start_method() == "forkserver"
+        # the ranks start with rank_env: a spawned interpreter reads its start-up variables (PYTHONHASHSEED) itself
+        saved = {k: os.environ.get(k) for k in {*_DIST_ENV, *(env or {})}}
+        try:
+            for k in _DIST_ENV:
                 os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            os.environ.update(env or {})
+            procs = [
+                ctx.Process(
+                    target=_child,
+                    args=(r, world_size, port, backend, body, logs[r], rank_env, stdout, forked),
+                    name=f"syncreward-rank{r}",
+                    daemon=True,
+                )
+                for r in range(world_size)
+            ]
+            for p in procs:
+                p.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     deadline = time.monotonic() + timeout
     outcome: dict[int, tuple[str, Any]] = {}
     try:
-        while len(outcome) < world_size:
-            try:
-                rank, status, value = results.get(timeout=0.1)
-                outcome[rank] = (status, value)
-                continue
-            except queue.Empty:
-                pass
-            dead = [r for r, p in enumerate(procs) if r not in outcome and p.exitcode is not None]
-            if dead:  # give a rank that just posted its result a moment to be read
-                time.sleep(0.2)
-                while True:
-                    try:
-                        rank, status, value = results.get_nowait()
-                        outcome[rank] = (status, value)
-                    except queue.Empty:
-                        break
-                for r in dead:
-                    if r not in outcome:
-                        ran = os.path.exists(logs[r] + _RUNNING)
-                        log = _tail(logs[r]) or (_DIED_RUNNING if ran else _DIED_STARTING)
-                        outcome[r] = ("died", f"process exited with code {procs[r].exitcode}\n{log}")
-            if time.monotonic() > deadline:
+        while True:
+            for r, p in enumerate(procs):
+                if r in outcome:
+                    continue
+                exited = p.exitcode is not None  # (first: a rank posts its outcome before it exits)
+                posted = _posted(logs[r])
+                if posted is not None:
+                    outcome[r] = posted
+                elif exited:
+                    ran = os.path.exists(logs[r] + _RUNNING)
+                    log = _tail(logs[r]) or (_DIED_RUNNING if ran else _DIED_STARTING)
+                    outcome[r] = ("died", f"process exited with code {p.exitcode}\n{log}")
+            left = deadline - time.monotonic()
+            if len(outcome) == world_size or left <= 0:
                 break
+            # until a rank ends (each posts its outcome just before), or a tenth of a second for a slow exit
+            pending = [p.sentinel for r, p in enumerate(procs) if r not in outcome]
+            multiprocessing.connection.wait(pending, min(left, 0.1))
     finally:
         hung = [r for r in range(world_size) if r not in outcome]
         for r in hung:
@@ -431,7 +473,6 @@ def run_ranks(
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5.0)
-        results.close()
     failures = {r: f"rank did not finish within {timeout:.0f}s; its stack:\n{_tail(logs[r])}" for r in hung}
     for r, (status, value) in outcome.items():
         if status != "ok":
