@@ -44,7 +44,6 @@ __all__ = [
     "rebuild_result",
     "reassemble",
     "result_columns",
-    "result_labels",
     "result_signature",
     "split_result",
     "take",
@@ -151,17 +150,6 @@ def result_columns(result: Any, n: int, function: str) -> tuple[list[Any] | None
     return None, [_result_column("", result, n, function, "")]
 
 
-def result_labels(keys: list[Any] | None, columns: Sequence[Column]) -> dict[str, str]:
-    """How a message names each column of a result (:func:`result_columns`), by column name.
-
-    Result columns are named by position on the wire (``'0'``, ``'1'``, ``''``), which the user never saw:
-    a message names the dict's value (``results['acc']``) or the result itself (``its result``).
-    """
-    if keys is None:
-        return {c.name: "its result" for c in columns}
-    return {c.name: f"results[{k!r}]" for k, c in zip(keys, columns, strict=True)}
-
-
 def check_result(result: Any, n: int | None, function: str) -> Any:
     """A single process's result, checked as :func:`result_columns` checks one on several ranks.
 
@@ -253,11 +241,12 @@ def encode_rows(
     meta: Any = None,
     *,
     function: str | None = None,
-    results: Mapping[str, str] | None = None,
+    results: Sequence[Any] | None = None,
 ) -> bytes | bytearray:
     """The frame of the given ``rows`` (``n`` of them) of every column, with ``meta`` beside them.
 
-    ``results``: the columns are ``function``'s result, named in messages as :func:`result_labels` names them.
+    ``results``: the columns are ``function``'s result (its dict's keys; empty: a single result), see
+    :func:`~syncreward._codec.encode_frame`.
     """
     return encode_frame(
         take_columns(columns, rows), n, allow_pickle=allow_pickle, meta=meta, function=function, results=results
@@ -393,7 +382,7 @@ def split_result(
                 logs.check_metrics()
             per_rank = [logs.rows(slice(bounds[r], bounds[r + 1])) for r in ranks]
         frames: dict[int, bytes | bytearray] = {}
-        labels = result_labels(keys, cols) if send else None
+        result_keys = keys if keys is not None else ()  # (messages name the result's parts by these)
         for r in send:
             meta: dict[str, Any] | None
             if scored is not None:
@@ -402,7 +391,7 @@ def split_result(
                 meta = {"keys": keys, "logs": per_rank[r]} if keys is not None or per_rank[r] else None
             rows = slice(bounds[r], bounds[r + 1])
             frames[r] = encode_rows(
-                cols, rows, bounds[r + 1] - bounds[r], allow_pickle, meta, function=function, results=labels
+                cols, rows, bounds[r + 1] - bounds[r], allow_pickle, meta, function=function, results=result_keys
             )
         part = take_columns(cols, slice(bounds[here], bounds[here + 1])) if here is not None else None
         mine = rebuild_result(keys, part, None) if part is not None else None

@@ -68,7 +68,7 @@ import re
 import struct
 import sys
 from collections import UserString
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate, chain, pairwise
 from operator import itemgetter
 from typing import Any
@@ -1504,15 +1504,15 @@ def encode_frame(
     droppable: frozenset[str] = frozenset(),
     dropped: list[str] | None = None,
     function: str | None = None,
-    results: Mapping[str, str] | None = None,
+    results: Sequence[Any] | None = None,
 ) -> bytearray:
     """Encode ``columns`` (each ``nrows`` long) and an optional generic ``meta`` value as one frame.
 
     A column named in ``droppable`` that holds non-plain data is left out (never pickled) and its name
     appended to ``dropped`` instead of raising. ``function``: the reward whose inputs the columns are (its
     name goes into the hint of a column the wire cannot carry), or whose result they are. ``results``: the
-    columns are ``function``'s result, and this names each column (by its name) as the user knows it:
-    ``results['acc']`` for a dict's value, ``its result`` for a single one.
+    columns are ``function``'s result, and these are its dict's keys (empty: a single result); a message names a
+    column as the user knows it, ``results['acc']`` or ``its result``, not by its position on the wire.
 
     Raises:
         UnsupportedTypeError: a column (not in ``droppable``) or ``meta`` holds something the wire format
@@ -1553,7 +1553,8 @@ def encode_frame(
                     dropped.append(col.name)
                 continue
             if results is not None and (isinstance(e, UnsupportedTypeError) or not isinstance(e, SyncRewardError)):
-                raise _unsendable_result(e, results[col.name], function) from e
+                label = f"results[{results[int(col.name)]!r}]" if results else "its result"
+                raise _unsendable_result(e, label, function) from e
             if isinstance(e, UnsupportedTypeError):
                 kind = getattr(e, "unsupported_type", None)
                 text = _plain_only(kind, col.name, function) if kind is not None and function is not None else e
